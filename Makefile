@@ -1,0 +1,26 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+# Both create the virtual environment and install everything on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: serve test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,bench]"
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/kernel serve $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

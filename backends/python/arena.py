@@ -1,0 +1,170 @@
+"""A shared-memory arena made of memfd segments, with a first-fit allocator.
+
+Each side of a worker owns one arena and allocates only in it: the front
+process writes request tensors into its arena, the worker writes response
+tensors into its own. The peer maps the same memfds read/write and reads the
+tensors in place. memfds are anonymous, so nothing is left in /dev/shm when a
+process dies.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+
+_ALIGN = 64
+
+
+def _round_up(n: int, align: int = _ALIGN) -> int:
+    return (n + align - 1) // align * align
+
+
+class Segment:
+    __slots__ = ("fd", "size", "map", "view")
+
+    def __init__(self, fd: int, size: int):
+        self.fd = fd
+        self.size = size
+        self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.view = memoryview(self.map)
+
+    def close(self) -> None:
+        try:
+            self.view.release()
+            self.map.close()
+        except BufferError:
+            # A numpy view still points here; the mapping goes when it does.
+            pass
+        os.close(self.fd)
+
+
+def create_segment(size: int, name: str = "kernel-arena") -> Segment:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.ftruncate(fd, size)
+    return Segment(fd, size)
+
+
+class _FreeList:
+    """Free blocks of one segment, sorted by offset, coalesced on free."""
+
+    __slots__ = ("offsets", "sizes")
+
+    def __init__(self, size: int):
+        self.offsets = [0]
+        self.sizes = [size]
+
+    def alloc(self, nbytes: int) -> int:
+        sizes = self.sizes
+        for i, free in enumerate(sizes):
+            if free >= nbytes:
+                off = self.offsets[i]
+                if free == nbytes:
+                    del self.offsets[i]
+                    del sizes[i]
+                else:
+                    self.offsets[i] = off + nbytes
+                    sizes[i] = free - nbytes
+                return off
+        return -1
+
+    def free(self, off: int, nbytes: int) -> None:
+        offsets, sizes = self.offsets, self.sizes
+        i = bisect.bisect_left(offsets, off)
+        # merge with the next block
+        if i < len(offsets) and off + nbytes == offsets[i]:
+            nbytes += sizes[i]
+            del offsets[i]
+            del sizes[i]
+        # merge with the previous block
+        if i > 0 and offsets[i - 1] + sizes[i - 1] == off:
+            sizes[i - 1] += nbytes
+            return
+        offsets.insert(i, off)
+        sizes.insert(i, nbytes)
+
+
+class Arena:
+    """The allocating side: segments it created, and where each allocation lives."""
+
+    def __init__(self, default_size: int, growth_size: int, name: str = "kernel-arena"):
+        self.default_size = default_size
+        self.growth_size = growth_size
+        self.name = name
+        self.segments: list[Segment] = []
+        self._free: list[_FreeList] = []
+        self._sizes: dict[tuple[int, int], int] = {}
+        self.on_new_segment = None  # callback(segment_index, Segment): announce to the peer
+
+    def _grow(self, nbytes: int) -> int:
+        if not self.segments:
+            size = max(self.default_size, nbytes)
+        else:
+            steps = -(-nbytes // self.growth_size)
+            size = max(1, steps) * self.growth_size
+        seg = create_segment(size, self.name)
+        self.segments.append(seg)
+        self._free.append(_FreeList(size))
+        index = len(self.segments) - 1
+        if self.on_new_segment is not None:
+            self.on_new_segment(index, seg)
+        return index
+
+    def alloc(self, nbytes: int) -> tuple[int, int]:
+        """Reserve nbytes; returns (segment, offset). Grows the arena when full."""
+        size = _round_up(max(nbytes, 1))
+        for index, free in enumerate(self._free):
+            off = free.alloc(size)
+            if off >= 0:
+                self._sizes[(index, off)] = size
+                return index, off
+        index = self._grow(size)
+        off = self._free[index].alloc(size)
+        self._sizes[(index, off)] = size
+        return index, off
+
+    def free(self, segment: int, offset: int) -> None:
+        size = self._sizes.pop((segment, offset), None)
+        if size is not None:
+            self._free[segment].free(offset, size)
+
+    def write(self, data, nbytes: int) -> tuple[int, int]:
+        segment, offset = self.alloc(nbytes)
+        self.segments[segment].view[offset : offset + nbytes] = data
+        return segment, offset
+
+    def view(self, segment: int, offset: int, nbytes: int) -> memoryview:
+        return self.segments[segment].view[offset : offset + nbytes]
+
+    @property
+    def allocated(self) -> int:
+        return sum(self._sizes.values())
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()
+        self.segments.clear()
+
+
+class PeerArena:
+    """The reading side: segments the peer created, mapped here by fd."""
+
+    def __init__(self):
+        self.segments: dict[int, Segment] = {}
+
+    def add(self, index: int, fd: int, size: int) -> None:
+        self.segments[index] = Segment(fd, size)
+
+    def view(self, segment: int, offset: int, nbytes: int) -> memoryview:
+        try:
+            seg = self.segments[segment]
+        except KeyError:
+            raise ValueError(f"unknown arena segment {segment}") from None
+        if offset < 0 or nbytes < 0 or offset + nbytes > seg.size:
+            raise ValueError("arena region out of bounds")
+        return seg.view[offset : offset + nbytes]
+
+    def close(self) -> None:
+        for seg in self.segments.values():
+            seg.close()
+        self.segments.clear()

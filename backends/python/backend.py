@@ -1,0 +1,134 @@
+"""The Python backend: every model instance is a worker process running model.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Optional
+
+from backends.python.instance import _REPO_ROOT, WorkerInstance, WorkerSettings
+from kernel.backend import Backend, BackendInstance, ModelSource
+from kernel.errors import ErrorCode, KernelError
+
+log = logging.getLogger("kernel.python")
+
+_KIND_NAMES = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
+
+# --backend-config python,<key>=<value> settings this backend understands.
+_SETTINGS = {
+    "shm-default-byte-size": ("shm_default_byte_size", int),
+    "shm-growth-byte-size": ("shm_growth_byte_size", int),
+    "stub-timeout-seconds": ("stub_timeout_seconds", float),
+}
+# Accepted for compatibility with tritonserver; they change nothing here.
+_ACCEPTED = {"shm-region-prefix-name", "default-max-batch-size"}
+
+
+def settings_from_backend_config(values: dict[str, str], log_verbose: int = 0) -> WorkerSettings:
+    kwargs = {"log_verbose": log_verbose}
+    for key, value in values.items():
+        if key in _SETTINGS:
+            field, parse = _SETTINGS[key]
+            try:
+                kwargs[field] = parse(value)
+            except ValueError:
+                raise KernelError(
+                    ErrorCode.INVALID_ARG, f"invalid value '{value}' for python backend setting '{key}'"
+                ) from None
+        elif key not in _ACCEPTED:
+            log.warning("python backend: unknown setting '%s' ignored", key)
+    return WorkerSettings(**kwargs)
+
+
+class PythonBackend(Backend):
+    name = "python"
+
+    def __init__(self, backend_config: Optional[dict[str, str]] = None, log_verbose: int = 0):
+        self.settings = settings_from_backend_config(backend_config or {}, log_verbose)
+        self._restarting: set[str] = set()
+
+    async def auto_complete(self, source: ModelSource) -> Optional[dict]:
+        model_file = source.version_dir / (source.config.default_model_filename or "model.py")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "backends.python.autocomplete", "--model-file", str(model_file),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+        )
+        try:
+            out, _ = await asyncio.wait_for(
+                proc.communicate(source.config_json.encode()), self.settings.stub_timeout_seconds
+            )
+        except asyncio.TimeoutError:
+            proc.kill()
+            raise KernelError(ErrorCode.INTERNAL, "auto-complete of the model config timed out") from None
+        try:
+            result = json.loads(out or b"{}")
+        except ValueError:
+            result = {"error": f"auto-complete process exited with code {proc.returncode}"}
+        if "error" in result or "config" not in result:
+            raise KernelError(
+                ErrorCode.INTERNAL,
+                "Failed to initialize Python stub for auto-complete: "
+                + result.get("error", f"exited with code {proc.returncode}"),
+            )
+        return result["config"]
+
+    def instance_specs(self, source: ModelSource) -> list[tuple[str, str, int]]:
+        """(instance name, kind, device id) for every instance the config asks for."""
+        specs = []
+        for group in source.config.instance_group:
+            kind = _KIND_NAMES.get(group.kind, "CPU")
+            if kind == "GPU":
+                # No GPU support yet: Triton refuses GPU instances without GPUs too.
+                raise KernelError(
+                    ErrorCode.INVALID_ARG,
+                    f"instance group {group.name} of model {source.name} has kind KIND_GPU "
+                    "but no GPUs are available",
+                )
+            kind = "CPU" if kind in ("AUTO", "CPU") else kind
+            for i in range(group.count or 1):
+                specs.append((f"{group.name}_{i}", f"KIND_{kind}", 0))
+        return specs
+
+    async def load(self, source: ModelSource) -> list[BackendInstance]:
+        instances = [WorkerInstance(source, name, kind, dev, self.settings) for name, kind, dev in self.instance_specs(source)]
+        for inst in instances:
+            inst.on_unexpected_exit = self._restart
+        results = await asyncio.gather(*(inst.start() for inst in instances), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for inst in instances:
+                inst._stopping = True
+            await asyncio.gather(*(inst.stop(0) for inst in instances), return_exceptions=True)
+            err = errors[0]
+            if isinstance(err, KernelError):
+                raise err
+            raise KernelError(ErrorCode.INTERNAL, f"{type(err).__name__}: {err}")
+        return instances
+
+    def _restart(self, instance: WorkerInstance) -> None:
+        """A worker died (crash, os._exit, OOM): bring a fresh one up in its place."""
+        if instance.name in self._restarting:
+            return
+        self._restarting.add(instance.name)
+
+        async def restart() -> None:
+            delay = 0.1
+            try:
+                while not instance._stopping:
+                    try:
+                        await instance.restart()
+                        log.info("Stub process '%s' restarted", instance.name)
+                        return
+                    except Exception as exc:  # noqa: BLE001
+                        log.error("restarting stub process '%s' failed: %s", instance.name, exc)
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 5.0)
+            finally:
+                self._restarting.discard(instance.name)
+
+        asyncio.ensure_future(restart())

@@ -1,0 +1,67 @@
+"""Length-prefixed msgpack framing over a stream socket, as an asyncio Protocol.
+
+A Protocol (not streams) because it is the cheapest way to move bytes on
+uvloop: one callback per read, no await per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable, Type
+
+import msgspec
+
+_HEADER = 4
+
+
+class MessageChannel(asyncio.Protocol):
+    """Decodes framed messages into `on_message`, encodes with `send`."""
+
+    def __init__(self, decode_type, on_message: Callable, on_lost: Callable[[Exception | None], None]):
+        self._decoder = msgspec.msgpack.Decoder(decode_type)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buffer
+        buf += data
+        pos, end = 0, len(buf)
+        messages = []
+        with memoryview(buf) as view:  # released before the buffer is resized
+            while end - pos >= _HEADER:
+                size = int.from_bytes(view[pos : pos + _HEADER], "little")
+                if end - pos - _HEADER < size:
+                    break
+                start = pos + _HEADER
+                messages.append(self._decoder.decode(view[start : start + size]))
+                pos = start + size
+        if pos:
+            del buf[:pos]
+        for msg in messages:
+            self._on_message(msg)
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self._on_lost(exc)
+
+    # sending
+
+    def send(self, message) -> None:
+        if self.closed or self.transport is None:
+            raise ConnectionError("channel is closed")
+        payload = self._encoder.encode(message)
+        self.transport.write(len(payload).to_bytes(_HEADER, "little") + payload)
+
+
+def encode_frame(encoder: msgspec.msgpack.Encoder, message) -> bytes:
+    payload = encoder.encode(message)
+    return len(payload).to_bytes(_HEADER, "little") + payload

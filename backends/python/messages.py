@@ -1,0 +1,100 @@
+"""Control messages between the front process and a Python model worker.
+
+Each message is a msgspec Struct encoded as msgpack and framed with a 4-byte
+little-endian length (see framing.py). Small tensors ride inline in `data`;
+large ones live in a shared-memory arena and the message carries only their
+location (arena segment, offset, size).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import msgspec
+
+
+class Tensor(msgspec.Struct, array_like=True, omit_defaults=True):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: Optional[bytes] = None  # inline wire-form bytes, or None when in the arena
+    segment: int = -1
+    offset: int = 0
+    nbytes: int = 0
+
+
+class Request(msgspec.Struct, array_like=True, omit_defaults=True):
+    key: int  # the front process's handle for this request
+    request_id: str
+    inputs: list[Tensor]
+    requested_outputs: list[str] = []
+    correlation_id: Union[int, str] = 0
+    flags: int = 0
+    parameters: str = "{}"  # JSON object, as request.parameters() returns it
+
+
+class Error(msgspec.Struct, array_like=True):
+    code: str  # kernel.errors.ErrorCode name
+    message: str
+
+
+class Response(msgspec.Struct, array_like=True, omit_defaults=True):
+    key: int
+    outputs: list[Tensor] = []
+    error: Optional[Error] = None
+    parameters: str = ""
+    final: bool = True
+    has_response: bool = True  # False: a bare FINAL flag with no response object
+
+
+# front -> worker
+
+
+class Initialize(msgspec.Struct, tag="init", array_like=True):
+    args: dict[str, str]
+    log_verbose: int = 0
+
+
+class Execute(msgspec.Struct, tag="exec", array_like=True):
+    requests: list[Request]
+
+
+class Cancel(msgspec.Struct, tag="cancel", array_like=True):
+    key: int
+
+
+class Release(msgspec.Struct, tag="release", array_like=True):
+    """The front process is done with these worker-arena regions: (segment, offset)."""
+
+    regions: list[tuple[int, int]]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
+    pass
+
+
+# worker -> front
+
+
+class Ready(msgspec.Struct, tag="ready", array_like=True):
+    error: Optional[str] = None
+
+
+class Responses(msgspec.Struct, tag="responses", array_like=True):
+    responses: list[Response]
+
+
+class Finalized(msgspec.Struct, tag="finalized", array_like=True):
+    error: Optional[str] = None
+
+
+# both directions: an arena segment was created; its fd follows on the fd channel.
+
+
+class SegmentAdded(msgspec.Struct, tag="segment", array_like=True):
+    segment: int
+    size: int
+
+
+ToWorker = Union[Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded]
+ToFront = Union[Ready, Responses, Finalized, SegmentAdded]

@@ -1,0 +1,41 @@
+"""Moving tensors across the worker boundary: inline in the message, or via the arena.
+
+Tensors at or below INLINE_LIMIT bytes ride inside the control message (one
+copy into the message, cheaper than an allocation for tiny tensors); larger
+ones are copied once into the sender's arena and read in place by the peer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.python import messages
+from backends.python.arena import Arena, PeerArena
+
+INLINE_LIMIT = 64 * 1024
+
+
+def pack(name: str, datatype: str, shape, raw, arena: Arena) -> messages.Tensor:
+    """raw: bytes-like wire form. Returns the message form, writing to the arena if large."""
+    nbytes = len(raw)
+    if nbytes <= INLINE_LIMIT:
+        return messages.Tensor(name, datatype, list(shape), bytes(raw))
+    segment, offset = arena.write(raw, nbytes)
+    return messages.Tensor(name, datatype, list(shape), None, segment, offset, nbytes)
+
+
+def view(tensor: messages.Tensor, peer: PeerArena):
+    """The tensor's wire bytes: the inline bytes, or a view into the peer's arena."""
+    if tensor.data is not None:
+        return tensor.data
+    return peer.view(tensor.segment, tensor.offset, tensor.nbytes)
+
+
+def arena_regions(tensors) -> list[tuple[int, int]]:
+    return [(t.segment, t.offset) for t in tensors if t.data is None]
+
+
+def numeric_array(buffer, dtype: np.dtype, shape, writable: bool) -> np.ndarray:
+    if writable and isinstance(buffer, bytes):
+        buffer = bytearray(buffer)
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)

@@ -1,0 +1,419 @@
+"""The worker process: runs one instance of a model.py on its own uvloop.
+
+Started by instance.py as `python -m backends.python.worker`. The loop owns the
+channel to the front process; a synchronous `execute` runs on one dedicated
+thread so the loop keeps receiving cancellations (and BLS responses) while the
+model works; an `async def execute` runs on the loop itself, many at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import importlib.util
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from backends.python import messages, wire
+from backends.python.arena import Arena, PeerArena
+from backends.python.framing import MessageChannel
+from kernel import datatypes
+
+import triton_python_backend_utils as pb_utils  # noqa: E402  (model code imports it too)
+
+
+def _format_exception(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(tb))
+    text = f"{type(exc).__name__}: {exc}"
+    return f"{text}\n\nAt:\n{where}" if where else text
+
+
+def load_model_class(model_file: str):
+    """Import model.py as a fresh module and return its TritonPythonModel class."""
+    path = Path(model_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"unable to find model file '{model_file}'")
+    # Models import helper modules that sit next to model.py.
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model"] = module
+    spec.loader.exec_module(module)
+    cls = getattr(module, "TritonPythonModel", None)
+    if cls is None:
+        raise AttributeError(f"'{model_file}' does not define class TritonPythonModel")
+    return cls
+
+
+# Triton's numeric TritonError codes -> our ErrorCode names.
+_ERROR_CODE_NAMES = {
+    getattr(pb_utils.TritonError, name): name
+    for name in ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED")
+}
+
+
+class ResponseSink:
+    """Delivers one request's responses to the front process, from any thread.
+
+    It is the callback behind the request's InferenceResponseSender, which
+    enforces Triton's sending rules before anything reaches here.
+    """
+
+    __slots__ = ("worker", "key", "requested", "cancelled", "sender")
+
+    def __init__(self, worker: "Worker", key: int, requested):
+        self.worker = worker
+        self.key = key
+        self.requested = requested
+        self.cancelled = False
+        self.sender = None
+
+    def send(self, response, flags: int) -> None:
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.worker.call_on_loop(self.worker.send_response, self, response, final)
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+class Worker:
+    def __init__(
+        self,
+        channel_sock: socket.socket,
+        fd_sock: socket.socket,
+        model_file: str,
+        instance_name: str,
+        shm_default_byte_size: int,
+        shm_growth_byte_size: int,
+    ):
+        self.channel_sock = channel_sock
+        self.fd_sock = fd_sock
+        self.model_file = model_file
+        self.instance_name = instance_name
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.channel: MessageChannel | None = None
+        self.model = None
+        self.model_name = ""
+        self.model_version = 0
+        self.output_names: list[str] = []
+        self.decoupled = False
+        self.async_execute = False
+        self.arena = Arena(shm_default_byte_size, shm_growth_byte_size, f"kernel-{instance_name}-out")
+        self.arena.on_new_segment = self._announce_segment
+        self.peer = PeerArena()
+        self.sinks: dict[int, ResponseSink] = {}
+        self.requests: dict[int, object] = {}
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="execute")
+        self.done: asyncio.Future | None = None
+        self._outbox: list[messages.Response] = []
+        self._flush_scheduled = False
+
+    async def run(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.done = self.loop.create_future()
+        _, self.channel = await self.loop.create_unix_connection(
+            lambda: MessageChannel(messages.ToWorker, self.on_message, self.on_lost), sock=self.channel_sock
+        )
+        await self.done
+
+    def call_on_loop(self, fn, *args) -> None:
+        if self.loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    # ---- channel ---------------------------------------------------------
+
+    def on_lost(self, exc) -> None:
+        # The front process is gone: nobody to answer to.
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def on_message(self, msg) -> None:
+        kind = type(msg)
+        if kind is messages.Execute:
+            self.execute(msg.requests)
+        elif kind is messages.Cancel:
+            sink = self.sinks.get(msg.key)
+            if sink is not None:
+                sink.cancelled = True
+        elif kind is messages.Release:
+            for seg, off in msg.regions:
+                self.arena.free(seg, off)
+        elif kind is messages.SegmentAdded:
+            _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, 1)
+            self.peer.add(msg.segment, fds[0], msg.size)
+        elif kind is messages.Initialize:
+            asyncio.ensure_future(self.initialize(msg))
+        elif kind is messages.Shutdown:
+            asyncio.ensure_future(self.shutdown())
+
+    # ---- lifecycle -------------------------------------------------------
+
+    async def initialize(self, msg: messages.Initialize) -> None:
+        args = msg.args
+        pb_utils._set_log_verbosity(msg.log_verbose)
+        try:
+            config = json.loads(args["model_config"])
+            self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+            self.model_name = args["model_name"]
+            self.model_version = int(args["model_version"])
+            self.output_names = [o["name"] for o in config.get("output", [])]
+            cls = load_model_class(self.model_file)
+            self.model = cls()
+            self.async_execute = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
+            init = getattr(self.model, "initialize", None)
+            if init is not None:
+                if inspect.iscoroutinefunction(init):
+                    await init(args)
+                else:
+                    await self.loop.run_in_executor(self.pool, init, args)
+            if not hasattr(self.model, "execute"):
+                raise AttributeError("TritonPythonModel has no 'execute' method")
+        except BaseException as exc:  # noqa: BLE001 - any failure is reported to the front
+            self.channel.send(messages.Ready(f"Failed to initialize Python stub: {_format_exception(exc)}"))
+            return
+        self.channel.send(messages.Ready(None))
+
+    async def shutdown(self) -> None:
+        error = None
+        fin = getattr(self.model, "finalize", None)
+        if fin is not None:
+            try:
+                if inspect.iscoroutinefunction(fin):
+                    await fin()
+                else:
+                    await self.loop.run_in_executor(self.pool, fin)
+            except BaseException as exc:  # noqa: BLE001
+                error = _format_exception(exc)
+        try:
+            self.channel.send(messages.Finalized(error))
+        except ConnectionError:
+            pass
+        self.loop.call_later(0.05, lambda: self.done.done() or self.done.set_result(None))
+
+    def _announce_segment(self, index: int, segment) -> None:
+        socket.send_fds(self.fd_sock, [b"\0"], [segment.fd])
+        self.channel.send(messages.SegmentAdded(index, segment.size))
+
+    # ---- requests --------------------------------------------------------
+
+    def _input_tensor(self, t: messages.Tensor):
+        buffer = wire.view(t, self.peer)
+        if t.datatype == "BYTES":
+            count = datatypes.element_count(t.shape)
+            arr = np.empty(count, dtype=np.object_)
+            arr[:] = datatypes.deserialize_bytes(buffer, count)
+            return pb_utils.Tensor._wrap(t.name, arr.reshape(t.shape), "BYTES")
+        dtype = datatypes.datatype_to_numpy(t.datatype) if t.datatype != "BF16" else np.dtype(np.uint16)
+        arr = wire.numeric_array(buffer, dtype, t.shape, writable=True)
+        return pb_utils.Tensor._wrap(t.name, arr, t.datatype)
+
+    def execute(self, wire_requests: list[messages.Request]) -> None:
+        requests = []
+        keys = []
+        for r in wire_requests:
+            requested = r.requested_outputs or None
+            sink = ResponseSink(self, r.key, requested)
+            self.sinks[r.key] = sink
+            try:
+                inputs = [self._input_tensor(t) for t in r.inputs]
+            except ValueError as exc:
+                self.send_error(sink, "INVALID_ARG", str(exc))
+                continue
+            sink.sender = pb_utils.InferenceResponseSender(sink, self.decoupled, requested)
+            request = pb_utils.InferenceRequest._server_side(
+                inputs=inputs,
+                request_id=r.request_id,
+                correlation_id=r.correlation_id,
+                flags=r.flags,
+                requested_output_names=r.requested_outputs or self.output_names,
+                parameters_json=r.parameters,
+                model_name=self.model_name,
+                model_version=self.model_version,
+                response_sender=sink.sender,
+                cancel_check=sink.is_cancelled,
+            )
+            requests.append(request)
+            keys.append(r.key)
+        if not requests:
+            return
+        if self.async_execute:
+            asyncio.ensure_future(self._execute_async(requests, keys))
+        else:
+            fut = self.loop.run_in_executor(self.pool, self.model.execute, requests)
+            fut.add_done_callback(lambda f: self._finish(requests, keys, f))
+
+    async def _execute_async(self, requests, keys) -> None:
+        fut = self.loop.create_future()
+        try:
+            fut.set_result(await self.model.execute(requests))
+        except BaseException as exc:  # noqa: BLE001
+            fut.set_exception(exc)
+        self._finish(requests, keys, fut)
+
+    def _finish(self, requests, keys, fut) -> None:
+        exc = fut.exception()
+        sinks = [self.sinks[k] for k in keys if k in self.sinks]
+        if exc is not None:
+            message = (
+                f"Failed to process the request(s) for model instance '{self.instance_name}', "
+                f"message: {_format_exception(exc)}"
+            )
+            self._fail_open(sinks, message)
+            return
+        result = fut.result()
+        if result is None:
+            # Responses go (or went) through the response senders.
+            return
+        if self.decoupled:
+            self._fail_open(
+                sinks,
+                f"Python model '{self.instance_name}' is using the decoupled mode and the "
+                "execute function must return None.",
+            )
+            return
+        if not isinstance(result, list):
+            self._fail_open(sinks, f"Expected a list in the execute return, found type '{type(result)}'.")
+            return
+        if len(result) != len(keys):
+            self._fail_open(
+                sinks,
+                "Number of InferenceResponse objects do not match the number of InferenceRequest "
+                f"objects. InferenceRequest(s) size is:{len(keys)}, and InferenceResponse(s) size is:{len(result)}\n",
+            )
+            return
+        for key, response in zip(keys, result):
+            sink = self.sinks.get(key)
+            if sink is None:
+                continue
+            try:
+                sink.sender._update_state(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except pb_utils.TritonModelException as exc:
+                self.send_error(sink, "INTERNAL", str(exc))
+                continue
+            self.send_response(sink, response, True)
+
+    def _fail_open(self, sinks, message: str) -> None:
+        """Fail every request whose response sender is still open."""
+        for sink in sinks:
+            if not sink.sender._is_closed():
+                sink.sender._close()
+                self.send_error(sink, "INTERNAL", message)
+
+    # ---- responses -------------------------------------------------------
+
+    def send_error(self, sink: ResponseSink, code: str, message: str) -> None:
+        self._queue(messages.Response(sink.key, error=messages.Error(code, message)))
+        self.sinks.pop(sink.key, None)
+
+    def send_response(self, sink: ResponseSink, response, final: bool) -> None:
+        if final:
+            self.sinks.pop(sink.key, None)
+        if response is None:
+            self._queue(messages.Response(sink.key, final=final, has_response=False))
+            return
+        if not isinstance(response, pb_utils.InferenceResponse):
+            self._queue(
+                messages.Response(
+                    sink.key,
+                    error=messages.Error(
+                        "INTERNAL",
+                        f"Expected an 'InferenceResponse' object in the execute function return list, "
+                        f"found type '{type(response)}'.",
+                    ),
+                    final=final,
+                )
+            )
+            return
+        if response.has_error():
+            err = response.error()
+            code = _ERROR_CODE_NAMES.get(err.code(), "INTERNAL")
+            self._queue(messages.Response(sink.key, error=messages.Error(code, err.message()), final=final))
+            return
+        try:
+            outputs = []
+            for tensor in response.output_tensors():
+                name = tensor.name()
+                if sink.requested is not None and name not in sink.requested:
+                    continue
+                outputs.append(self._pack_output(tensor))
+        except Exception as exc:  # noqa: BLE001 - bad output tensors fail this request only
+            self._queue(messages.Response(sink.key, error=messages.Error("INTERNAL", str(exc)), final=final))
+            return
+        params = response.parameters()
+        self._queue(messages.Response(sink.key, outputs, None, params if params and params != "{}" else "", final))
+
+    def _pack_output(self, tensor) -> messages.Tensor:
+        datatype = tensor._datatype
+        arr = tensor._array
+        if datatype == "BYTES":
+            raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
+        else:
+            arr = np.ascontiguousarray(arr)
+            raw = memoryview(arr).cast("B") if arr.size else b""
+        return wire.pack(tensor.name(), datatype, arr.shape, raw, self.arena)
+
+    def _queue(self, response: messages.Response) -> None:
+        # Responses finished in the same loop iteration travel in one message.
+        self._outbox.append(response)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._outbox = self._outbox, []
+        try:
+            self.channel.send(messages.Responses(out))
+        except ConnectionError:
+            pass
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="kernel-python-worker")
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--fd-channel-fd", type=int, required=True)
+    parser.add_argument("--model-file", required=True)
+    parser.add_argument("--instance-name", required=True)
+    parser.add_argument("--shm-default-byte-size", type=int, default=64 << 20)
+    parser.add_argument("--shm-growth-byte-size", type=int, default=64 << 20)
+    args = parser.parse_args(argv)
+    # Ctrl-C reaches the whole process group; the front process decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    channel = socket.socket(fileno=args.channel_fd)
+    fd_sock = socket.socket(fileno=args.fd_channel_fd)
+    worker = Worker(
+        channel, fd_sock, args.model_file, args.instance_name, args.shm_default_byte_size, args.shm_growth_byte_size
+    )
+    try:
+        import uvloop
+
+        uvloop.run(worker.run())
+    except ImportError:
+        asyncio.run(worker.run())
+    # Don't wait for a model's stray non-daemon threads.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

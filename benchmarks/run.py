@@ -1,0 +1,637 @@
+"""Kernel vs real Triton, side by side, on the same model repository, measured with perf_analyzer.
+
+Starts real Triton (``/work/shared/bench/anchors.sh triton``) on the repository, measures it with
+perf_analyzer for every (protocol, concurrency) point, stops it; then does the same with Kernel
+(``<venv python> -m kernel serve ...``). Only one server runs at a time: the box has two cores and
+perf_analyzer needs one of them. Both servers are stopped at the end, on error and on Ctrl-C.
+
+Writes ``<out>/latest.md`` (markdown table), ``<out>/latest.json`` (all numbers and settings) and
+``<out>/latest.png`` (bar plot); server logs and raw perf_analyzer output go to ``<out>/*.log``.
+
+Examples::
+
+    python benchmarks/run.py                                   # http+grpc, c=1 and c=16, 5 s windows
+    python benchmarks/run.py --protocol http --concurrency 1 16 --duration-ms 5000
+
+    # Check the harness itself with a second real Triton standing in for Kernel:
+    python benchmarks/run.py --protocol http --kernel-label "Triton #2" --kernel-cmd \\
+      'pid=$(TRITON_LOG={log} bash /work/shared/bench/anchors.sh triton {repo} {http_port} {grpc_port} {metrics_port}) && exec tail --pid=$pid -f /dev/null'
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+ANCHORS = Path(os.environ.get("KERNEL_ANCHORS_SH", "/work/shared/bench/anchors.sh"))
+
+UNSTABLE_MARK = "Failed to obtain stable measurement"
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+# --------------------------------------------------------------------------- process helpers
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http_get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (OSError, ValueError):
+        return 0, b""
+
+
+def log_tail(path: Path, n: int = 40) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(lines[-n:]) if lines else f"(log {path} is empty)"
+
+
+def pids_in_group(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        # fields: state ppid pgrp session ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def kill_group(pgid: int, grace: float = 15.0) -> None:
+    """SIGTERM a process group (a server and its model stubs/workers), SIGKILL what is left."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not pids_in_group(pgid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    time.sleep(0.2)
+
+
+@dataclass
+class Server:
+    """One server under test, started in its own session so the whole tree can be stopped."""
+
+    label: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log: Path
+    pgid: int | None = None
+    popen: subprocess.Popen | None = None
+    metadata: dict = field(default_factory=dict)
+    startup_s: float | None = None
+
+    def port(self, protocol: str) -> int:
+        return self.http_port if protocol == "http" else self.grpc_port
+
+    def ready(self) -> bool:
+        return http_get(f"http://127.0.0.1:{self.http_port}/v2/health/ready")[0] == 200
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return bool(self.pgid and pids_in_group(self.pgid))
+
+    def fetch_metadata(self) -> None:
+        status, body = http_get(f"http://127.0.0.1:{self.http_port}/v2", timeout=2.0)
+        if status == 200:
+            try:
+                meta = json.loads(body)
+                self.metadata = {"name": meta.get("name"), "version": meta.get("version")}
+            except ValueError:
+                pass
+
+    def stop(self) -> None:
+        if self.pgid is not None:
+            kill_group(self.pgid)
+            self.pgid = None
+        if self.popen is not None:
+            try:
+                self.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.popen = None
+
+
+def check_ports_free(*ports: int) -> None:
+    busy = [p for p in ports if port_in_use(p)]
+    if busy:
+        raise BenchError(f"port(s) {busy} already in use on 127.0.0.1; stop whatever listens there or pick other ports")
+
+
+def start_triton(repo: Path, ports: list[int], out: Path) -> Server:
+    srv = Server("Triton", *ports, log=out / "triton.log")
+    check_ports_free(*ports)
+    env = dict(os.environ, TRITON_LOG=str(srv.log))
+    t0 = time.monotonic()
+    # anchors.sh starts tritonserver in the background and prints its pid once ready; a fresh
+    # session makes tritonserver and its Python-backend stubs one process group we can stop.
+    proc = subprocess.Popen(
+        ["bash", str(ANCHORS), "triton", str(repo), *map(str, ports)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    srv.pgid = proc.pid
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        srv.stop()
+        raise BenchError(f"real Triton did not become ready in 120 s\n{log_tail(srv.log)}")
+    if proc.returncode != 0:
+        srv.stop()
+        raise BenchError(f"real Triton failed to start: {stderr.strip()}\n{log_tail(srv.log)}")
+    srv.startup_s = time.monotonic() - t0
+    srv.fetch_metadata()
+    return srv
+
+
+def kernel_command(args, repo: Path, ports: list[int], log: Path) -> tuple[list[str], str]:
+    """The command that starts Kernel (a list for Popen) and its printable form."""
+    if args.kernel_cmd:
+        text = args.kernel_cmd.format(
+            repo=shlex.quote(str(repo)),
+            http_port=ports[0],
+            grpc_port=ports[1],
+            metrics_port=ports[2],
+            log=shlex.quote(str(log.with_suffix(".inner.log"))),
+            python=shlex.quote(default_python()),
+        )
+        return ["bash", "-c", text], text
+    cmd = [
+        default_python(), "-m", "kernel", "serve",
+        "--model-repository", str(repo),
+        "--http-port", str(ports[0]),
+        "--grpc-port", str(ports[1]),
+        "--metrics-port", str(ports[2]),
+    ]  # fmt: skip
+    return cmd, shlex.join(cmd)
+
+
+def default_python() -> str:
+    venv = ROOT / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def start_kernel(args, repo: Path, ports: list[int], out: Path) -> tuple[Server, str]:
+    srv = Server(args.kernel_label, *ports, log=out / "kernel.log")
+    check_ports_free(*ports)
+    cmd, printable = kernel_command(args, repo, ports, srv.log)
+    t0 = time.monotonic()
+    logf = open(srv.log, "wb")
+    try:
+        srv.popen = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    finally:
+        logf.close()
+    srv.pgid = srv.popen.pid
+    deadline = t0 + args.kernel_start_timeout
+    while True:
+        if srv.ready():
+            break
+        if srv.popen.poll() is not None:
+            code = srv.popen.returncode
+            srv.stop()
+            raise BenchError(
+                f"{srv.label} exited with code {code} before becoming ready.\ncommand: {printable}\n"
+                f"--- last lines of {srv.log} ---\n{log_tail(srv.log)}"
+            )
+        if time.monotonic() > deadline:
+            srv.stop()
+            raise BenchError(
+                f"{srv.label} was not ready (GET /v2/health/ready != 200) within {args.kernel_start_timeout:.0f} s.\n"
+                f"command: {printable}\n--- last lines of {srv.log} ---\n{log_tail(srv.log)}"
+            )
+        time.sleep(0.1)
+    srv.startup_s = time.monotonic() - t0
+    srv.fetch_metadata()
+    return srv, printable
+
+
+# --------------------------------------------------------------------------- perf_analyzer
+
+
+@dataclass
+class Point:
+    server: str
+    protocol: str
+    concurrency: int
+    infer_per_s: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    stable: bool | None = None
+    error: str | None = None
+    command: str = ""
+    wall_s: float | None = None
+
+
+def parse_perf_csv(text: str) -> dict:
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if not rows:
+        raise ValueError("empty perf_analyzer CSV")
+    row = rows[-1]
+
+    def us_to_ms(key: str) -> float | None:
+        v = row.get(key)
+        return float(v) / 1000.0 if v not in (None, "") else None
+
+    return {
+        "infer_per_s": float(row["Inferences/Second"]),
+        "p50_ms": us_to_ms("p50 latency"),
+        "p90_ms": us_to_ms("p90 latency"),
+        "p99_ms": us_to_ms("p99 latency"),
+    }
+
+
+def run_perf_analyzer(srv: Server, protocol: str, concurrency: int, args, out: Path) -> Point:
+    pt = Point(srv.label, protocol, concurrency)
+    if not srv.alive() or not srv.ready():
+        pt.error = f"{srv.label} is not running/ready"
+        return pt
+    log_path = out / f"perf_{'kernel' if srv.label != 'Triton' else 'triton'}_{protocol}_c{concurrency}.log"
+    attempts = [(args.stability_percentage, args.max_trials, True)]
+    if args.allow_unstable:
+        # perf_analyzer prints nothing usable when it cannot stabilise; a second attempt with the
+        # check effectively off still yields the average over 3 windows, flagged as unstable.
+        attempts.append((1000, 3, False))
+    with open(log_path, "w") as logf:
+        for stability, trials, stable in attempts:
+            with tempfile.TemporaryDirectory() as td:
+                csv_path = Path(td) / "pa.csv"
+                cmd = [
+                    "bash", str(ANCHORS), "perf",
+                    "-m", args.model,
+                    "-u", f"localhost:{srv.port(protocol)}",
+                    "-i", protocol,
+                    "--concurrency-range", f"{concurrency}:{concurrency}",
+                    "--measurement-interval", str(args.duration_ms),
+                    "--stability-percentage", str(stability),
+                    "--max-trials", str(trials),
+                    "-f", str(csv_path),
+                ]  # fmt: skip
+                pt.command = shlex.join(cmd[2:]).replace(str(csv_path), "OUT.csv")
+                timeout = args.duration_ms / 1000.0 * (trials + 2) + 60
+                t0 = time.monotonic()
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                try:
+                    stdout, _ = proc.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    stdout, _ = proc.communicate()
+                    stdout += f"\n[benchmarks/run.py] perf_analyzer killed after {timeout:.0f} s\n"
+                except BaseException:
+                    proc.kill()
+                    proc.wait()
+                    raise
+                pt.wall_s = round(time.monotonic() - t0, 1)
+                logf.write(f"$ {shlex.join(cmd)}\n{stdout}\n[rc={proc.returncode}]\n\n")
+                logf.flush()
+                if proc.returncode == 0 and csv_path.exists():
+                    try:
+                        for k, v in parse_perf_csv(csv_path.read_text()).items():
+                            setattr(pt, k, v)
+                        pt.stable, pt.error = stable, None
+                        return pt
+                    except (ValueError, KeyError) as e:
+                        pt.error = f"cannot parse perf_analyzer CSV: {e}"
+                        return pt
+                tail = "\n".join(stdout.strip().splitlines()[-6:])
+                pt.error = f"perf_analyzer rc={proc.returncode}: {tail}"
+                if UNSTABLE_MARK not in stdout:
+                    return pt  # a real failure, not instability: do not retry
+    return pt
+
+
+def measure(srv: Server, args, out: Path, protocols: list[str]) -> list[Point]:
+    points = []
+    for protocol in protocols:
+        for c in args.concurrency:
+            print(f"  {srv.label}: {protocol} c={c} ...", end="", file=sys.stderr, flush=True)
+            pt = run_perf_analyzer(srv, protocol, c, args, out)
+            if pt.error:
+                print(f" FAILED ({pt.error.splitlines()[0]})", file=sys.stderr, flush=True)
+            else:
+                flag = "" if pt.stable else " (unstable)"
+                print(f" {pt.infer_per_s:,.0f} infer/s, p99 {pt.p99_ms:.2f} ms{flag}", file=sys.stderr, flush=True)
+            points.append(pt)
+    return points
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def build_rows(protocols, concurrencies, triton_pts, kernel_pts) -> list[dict]:
+    t = {(p.protocol, p.concurrency): p for p in triton_pts}
+    k = {(p.protocol, p.concurrency): p for p in kernel_pts}
+    rows = []
+    for proto in protocols:
+        for c in concurrencies:
+            tp, kp = t.get((proto, c)), k.get((proto, c))
+            ratio = None
+            if tp and kp and tp.infer_per_s and kp.infer_per_s:
+                ratio = kp.infer_per_s / tp.infer_per_s
+            rows.append({"protocol": proto, "concurrency": c, "triton": tp, "kernel": kp, "ratio": ratio})
+    return rows
+
+
+def markdown_table(rows: list[dict], kernel_label: str) -> str:
+    K = kernel_label
+    lines = [
+        f"| protocol | concurrency | Triton infer/s | {K} infer/s | {K}/Triton | Triton p50 ms | {K} p50 ms "
+        f"| Triton p99 ms | {K} p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        tp, kp = r["triton"], r["kernel"]
+
+        def cell(p, attr, spec):
+            if p is None:
+                return "-"
+            if p.error:
+                return "error"
+            s = fmt(getattr(p, attr), spec)
+            return s + ("*" if attr == "infer_per_s" and p.stable is False else "")
+
+        lines.append(
+            f"| {r['protocol'].upper()} | {r['concurrency']} | {cell(tp, 'infer_per_s', ',.0f')} | "
+            f"{cell(kp, 'infer_per_s', ',.0f')} | {fmt(r['ratio'], '.2f') + 'x' if r['ratio'] else '-'} | "
+            f"{cell(tp, 'p50_ms', '.2f')} | {cell(kp, 'p50_ms', '.2f')} | "
+            f"{cell(tp, 'p99_ms', '.2f')} | {cell(kp, 'p99_ms', '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, kernel_label: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['protocol'].upper()}\nc={r['concurrency']}" for r in rows]
+
+    def val(p):
+        return p.infer_per_s if p is not None and p.infer_per_s and not p.error else 0.0
+
+    tv = [val(r["triton"]) for r in rows]
+    kv = [val(r["kernel"]) for r in rows]
+    x = range(len(rows))
+    w = 0.38
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.9 * len(rows) + 1.5), 4.2), dpi=120)
+    bt = ax.bar([i - w / 2 for i in x], tv, w, label="Triton", color="#76b900")
+    bk = ax.bar([i + w / 2 for i in x], kv, w, label=kernel_label, color="#3b6fb6")
+    ax.bar_label(bt, labels=[f"{v:,.0f}" if v else "n/a" for v in tv], fontsize=7, padding=2)
+    ax.bar_label(bk, labels=[f"{v:,.0f}" if v else "n/a" for v in kv], fontsize=7, padding=2)
+    top = max(tv + kv + [1.0])
+    for i, r in enumerate(rows):
+        if r["ratio"]:
+            ax.text(i, top * 1.1, f"{r['ratio']:.2f}x", ha="center", fontsize=9, fontweight="bold")
+    ax.set_ylim(0, top * 1.4)
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("inferences / s (higher is better)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper center", ncol=2, fontsize=8, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/run.py",
+        description="Kernel vs real Triton on the same model repository, measured with perf_analyzer.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "Writes OUT/latest.md, OUT/latest.json, OUT/latest.png; server logs and raw perf_analyzer output in OUT/*.log.\n"
+            "Exit status: 0 all points measured; 1 some point failed; 2 a server failed to start; 130 interrupted."
+        ),
+    )
+    ap.add_argument("--protocol", choices=["http", "grpc", "both"], default="both")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], metavar="C", help="default: 1 16")
+    ap.add_argument("--duration-ms", type=int, default=5000, help="perf_analyzer measurement window (default 5000)")
+    ap.add_argument("--repo", default=str(HERE / "model_repo"), help="model repository (default benchmarks/model_repo)")
+    ap.add_argument("--out", default=str(HERE / "results"), help="results folder (default benchmarks/results)")
+    ap.add_argument("--model", default="add_sub", help="model to load (default add_sub)")
+    ap.add_argument("--stability-percentage", type=float, default=20.0,
+                    help="perf_analyzer -s (default 20; the 2-core box is noisy)")  # fmt: skip
+    ap.add_argument("--max-trials", type=int, default=6, help="perf_analyzer -r (default 6)")
+    ap.add_argument("--no-allow-unstable", dest="allow_unstable", action="store_false",
+                    help="fail a point that does not stabilise instead of re-measuring it with the check off "
+                         "(such numbers are marked * in the table)")  # fmt: skip
+    ap.add_argument("--only", choices=["triton", "kernel"], help="measure just one side")
+    ap.add_argument("--triton-ports", type=int, nargs=3, default=[18000, 18001, 18002], metavar=("HTTP", "GRPC", "METRICS"))
+    ap.add_argument("--kernel-ports", type=int, nargs=3, default=[19000, 19001, 19002], metavar=("HTTP", "GRPC", "METRICS"))
+    ap.add_argument("--kernel-start-timeout", type=float, default=60.0, help="seconds to wait for Kernel ready (default 60)")
+    dev = ap.add_argument_group("harness testing")
+    dev.add_argument(
+        "--kernel-cmd",
+        help="shell command that replaces '<venv python> -m kernel serve ...' for the Kernel side; placeholders "
+        "{repo} {http_port} {grpc_port} {metrics_port} {log} {python}. It must keep running while the server "
+        "runs. Used to check the harness with a second real Triton (see the module docstring).",
+    )
+    dev.add_argument("--kernel-label", default="Kernel", help="name of the Kernel side in the table/plot")
+    args = ap.parse_args(argv)
+    if any(c < 1 for c in args.concurrency):
+        ap.error("--concurrency values must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    protocols = ["http", "grpc"] if args.protocol == "both" else [args.protocol]
+    repo = Path(args.repo).resolve()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if not (repo / args.model / "config.pbtxt").exists():
+        print(f"no {args.model}/config.pbtxt in {repo}", file=sys.stderr)
+        return 2
+    if not ANCHORS.exists():
+        print(f"{ANCHORS} not found (set KERNEL_ANCHORS_SH)", file=sys.stderr)
+        return 2
+
+    # SIGTERM behaves like Ctrl-C so the finally blocks stop the servers.
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+
+    servers: list[Server] = []
+    triton_pts: list[Point] = []
+    kernel_pts: list[Point] = []
+    kernel_printable = kernel_command(args, repo, args.kernel_ports, out / "kernel.log")[1]
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    rc = 0
+    failure = None
+    try:
+        if args.only != "kernel":
+            print(f"starting real Triton on {repo} (ports {args.triton_ports}) ...", file=sys.stderr, flush=True)
+            srv = start_triton(repo, args.triton_ports, out)
+            servers.append(srv)
+            print(f"  ready in {srv.startup_s:.1f} s ({srv.metadata})", file=sys.stderr, flush=True)
+            triton_pts = measure(srv, args, out, protocols)
+            srv.stop()
+        if args.only != "triton":
+            print(f"starting {args.kernel_label}: {kernel_printable}", file=sys.stderr, flush=True)
+            srv, _ = start_kernel(args, repo, args.kernel_ports, out)
+            servers.append(srv)
+            print(f"  ready in {srv.startup_s:.1f} s ({srv.metadata})", file=sys.stderr, flush=True)
+            kernel_pts = measure(srv, args, out, protocols)
+            srv.stop()
+    except BenchError as e:
+        print(f"\nERROR: {e}", file=sys.stderr)
+        failure = str(e).splitlines()[0]
+        rc = 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping servers", file=sys.stderr)
+        rc = 130
+    finally:
+        for s in servers:
+            s.stop()
+
+    if not triton_pts and not kernel_pts:
+        return rc or 2
+
+    rows = build_rows(protocols, args.concurrency, triton_pts, kernel_pts)
+    table = markdown_table(rows, args.kernel_label)
+    print(table)
+    if rc == 130:
+        print("(interrupted: results files left untouched)", file=sys.stderr)
+        return rc
+    if rc == 0 and any(p.error for p in triton_pts + kernel_pts):
+        rc = 1
+
+    by_label = {s.label: s for s in servers}
+    meta = {
+        "started": started,
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "repo": str(repo),
+        "model": args.model,
+        "settings": {
+            "protocols": protocols,
+            "concurrency": args.concurrency,
+            "duration_ms": args.duration_ms,
+            "stability_percentage": args.stability_percentage,
+            "max_trials": args.max_trials,
+            "allow_unstable": args.allow_unstable,
+        },
+        "servers": {
+            "triton": {
+                "command": f"bash {ANCHORS} triton {repo} {' '.join(map(str, args.triton_ports))}",
+                "metadata": by_label.get("Triton").metadata if "Triton" in by_label else None,
+                "startup_s": by_label.get("Triton").startup_s if "Triton" in by_label else None,
+            },
+            "kernel": {
+                "label": args.kernel_label,
+                "command": kernel_printable,
+                "overridden": bool(args.kernel_cmd),
+                "metadata": by_label[args.kernel_label].metadata if args.kernel_label in by_label else None,
+                "startup_s": by_label[args.kernel_label].startup_s if args.kernel_label in by_label else None,
+            },
+        },
+    }
+    result = {
+        **meta,
+        "rows": [
+            {
+                "protocol": r["protocol"],
+                "concurrency": r["concurrency"],
+                "triton": asdict(r["triton"]) if r["triton"] else None,
+                "kernel": asdict(r["kernel"]) if r["kernel"] else None,
+                "kernel_over_triton": r["ratio"],
+            }
+            for r in rows
+        ],
+        "exit_status": rc,
+        "failure": failure,
+    }
+    (out / "latest.json").write_text(json.dumps(result, indent=2) + "\n")
+
+    def describe(meta_dict):
+        return f"{meta_dict.get('name')} {meta_dict.get('version')}" if meta_dict else "n/a"
+
+    sides = []
+    if triton_pts:
+        sides.append(f"Triton: {describe(meta['servers']['triton']['metadata'])} via `anchors.sh triton`")
+    if args.only != "triton":
+        sides.append(f"{args.kernel_label}: {describe(meta['servers']['kernel']['metadata'])} via `{kernel_printable}`")
+    notes = [
+        f"Model `{args.model}` from `{repo}`; perf_analyzer `--measurement-interval {args.duration_ms}` "
+        f"`--stability-percentage {args.stability_percentage:g}` `--max-trials {args.max_trials}`; "
+        f"one server at a time; {os.cpu_count()} CPUs, loopback.",
+        "; ".join(sides),
+    ]
+    if failure:
+        notes.append(f"FAILED: {failure} (server logs in `{out}`)")
+    if any(p.stable is False for p in triton_pts + kernel_pts):
+        notes.append("`*` = perf_analyzer did not stabilise; value is the average of 3 windows with the check off.")
+    errors = [p for p in triton_pts + kernel_pts if p.error]
+    for p in errors:
+        notes.append(f"error {p.server} {p.protocol} c={p.concurrency}: {p.error.splitlines()[-1]}")
+    title = f"{args.model}: {args.kernel_label} vs Triton ({started})"
+    md = f"# {title}\n\n{table}\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    (out / "latest.md").write_text(md)
+    try:
+        plot(rows, out / "latest.png", args.kernel_label, title)
+    except Exception as e:  # the numbers matter more than the picture
+        print(f"plot failed: {e!r}", file=sys.stderr)
+    print(f"\nwritten {out / 'latest.md'}, latest.json, latest.png", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from kernel.cli import main
+
+sys.exit(main())

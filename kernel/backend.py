@@ -1,0 +1,63 @@
+"""What the core asks of a backend. Backends live in backends/ and plug in here.
+
+The core never imports a backend module: the server is handed Backend objects
+by whoever composes it (the CLI), by name.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from kernel.request import InferRequest
+
+
+@dataclass
+class ModelSource:
+    """Where a model version comes from, and its (complete) configuration."""
+
+    name: str
+    version: int
+    model_dir: Path  # <repository>/<model>
+    version_dir: Path  # <repository>/<model>/<version>
+    repository: Path
+    config: Any  # kernel.protos.model_config_pb2.ModelConfig
+    config_json: str  # what initialize(args)["model_config"] receives
+    backend_config: dict[str, str] = field(default_factory=dict)
+
+
+class BackendInstance(abc.ABC):
+    """One model instance (e.g. a worker process) that executes batches of requests."""
+
+    name: str
+    healthy: bool
+
+    @property
+    @abc.abstractmethod
+    def in_flight(self) -> int:
+        """Requests handed to this instance that have not had their final response."""
+
+    @abc.abstractmethod
+    def submit(self, requests: list[InferRequest]) -> None:
+        """Execute these requests; responses go to each request's on_response."""
+
+    @abc.abstractmethod
+    async def stop(self, timeout: float) -> None:
+        """Let in-flight work finish (up to timeout), finalize the model, end the instance."""
+
+
+class Backend(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    async def auto_complete(self, source: ModelSource) -> Optional[dict]:
+        """Run the model's own config auto-completion; return the completed config dict or None."""
+
+    @abc.abstractmethod
+    async def load(self, source: ModelSource) -> list[BackendInstance]:
+        """Start every instance of a model version. Raises KernelError when the model cannot load."""
+
+    def default_model_filename(self) -> str:
+        return "model.py"

@@ -1,0 +1,214 @@
+"""`kernel serve`: tritonserver's command line, for Kernel.
+
+Flags keep tritonserver's names and value forms (`--http-port 8000` or
+`--http-port=8000`, booleans as true/false). A tritonserver flag Kernel does
+not implement yet is refused with a message that says so, rather than
+silently ignored; a few that only tune Triton's C++ internals are accepted and
+have no effect (listed in NO_EFFECT_FLAGS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+from kernel import server_log
+from kernel.server import Server, ServerOptions, StartupError
+
+log = logging.getLogger("kernel.server")
+
+# Plug-ins by name: the core stays free of transport and backend imports.
+BACKENDS = {"python": "backends.python:PythonBackend"}
+HTTP_TRANSPORT = "transports.http:HttpTransport"
+GRPC_TRANSPORT = "transports.grpc:GrpcTransport"
+
+BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repo_examples"
+
+# tritonserver flags that only tune Triton's own C++ thread pools and memory
+# pools; Kernel has no such knobs, so they are accepted and do nothing.
+NO_EFFECT_FLAGS = {
+    "http-thread-count", "grpc-infer-thread-count", "model-load-thread-count", "buffer-manager-thread-count",
+    "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
+    "min-supported-compute-capability", "allow-gpu-metrics", "allow-cpu-metrics", "model-load-retry-count",
+    "grpc-max-response-pool-size", "reuse-http-port", "reuse-grpc-port", "enable-peer-access",
+    "http-header-forward-pattern", "grpc-header-forward-pattern", "host-policy", "model-load-gpu-limit",
+    "repoagent-directory",
+}
+
+# tritonserver flags whose features Kernel does not have yet.
+NOT_YET_FLAGS = {
+    "repository-poll-secs", "load-model", "model-config-name", "model-namespacing", "http-restricted-api",
+    "grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
+    "grpc-keepalive-time", "grpc-keepalive-timeout", "grpc-keepalive-permit-without-calls",
+    "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
+    "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
+    "grpc-infer-allocation-pool-size", "grpc-infer-response-compression-level", "grpc-restricted-protocol",
+    "allow-sagemaker", "sagemaker-port", "sagemaker-safe-port-range", "sagemaker-thread-count",
+    "allow-vertex-ai", "vertex-ai-port", "vertex-ai-thread-count", "vertex-ai-default-model",
+    "metrics-interval-ms", "metrics-config", "trace-config", "trace-file", "trace-level", "trace-rate",
+    "trace-count", "trace-log-frequency", "cache-config", "cache-directory", "response-cache-byte-size",
+    "rate-limit", "rate-limit-resource", "allow-client-shm", "backend-directory",
+}
+
+
+def parse_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{value}'")
+
+
+class _NotYet(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string}: this tritonserver flag is not supported by Kernel yet")
+
+
+class _NoEffect(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        getattr(namespace, "no_effect", []).append(option_string)
+
+
+def _parse_backend_config(values: list[str]) -> dict[str, dict[str, str]]:
+    """--backend-config python,shm-default-byte-size=1048576 (or a global key=value)."""
+    out: dict[str, dict[str, str]] = {}
+    for item in values:
+        backend, _, setting = item.partition(",")
+        if not setting:
+            backend, setting = "", backend
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --backend-config '{item}': expected <backend>,<setting>=<value>")
+        out.setdefault(backend, {})[key] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernel", description="Kernel inference server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="serve a Triton model repository", allow_abbrev=False)
+    p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
+                   help="model repository path (repeatable); default: the bundled model_repo_examples/")
+    p.add_argument("--id", default="triton", help="server identifier reported by GET /v2")
+    p.add_argument("--allow-http", type=parse_bool, default=True)
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
+                   help="largest accepted HTTP request body in bytes (default 64MB)")
+    p.add_argument("--http-server", choices=("uvicorn", "hypercorn"), default="uvicorn",
+                   help="Kernel only: the HTTP server library (default uvicorn with httptools)")
+    p.add_argument("--allow-grpc", type=parse_bool, default=True)
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--allow-metrics", type=parse_bool, default=True)
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-info", type=parse_bool, default=True)
+    p.add_argument("--log-warning", type=parse_bool, default=True)
+    p.add_argument("--log-error", type=parse_bool, default=True)
+    p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    p.add_argument("--log-file", default=None)
+    p.add_argument("--exit-timeout-secs", type=int, default=30)
+    p.add_argument("--strict-readiness", type=parse_bool, default=True)
+    p.add_argument("--exit-on-error", type=parse_bool, default=True)
+    p.add_argument("--disable-auto-complete-config", action="store_true")
+    p.add_argument("--strict-model-config", type=parse_bool, default=False)
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    p.add_argument("--backend-config", action="append", default=[])
+    p.set_defaults(no_effect=[])
+    for flag in sorted(NO_EFFECT_FLAGS):
+        p.add_argument(f"--{flag}", action=_NoEffect, help=argparse.SUPPRESS)
+    for flag in sorted(NOT_YET_FLAGS):
+        p.add_argument(f"--{flag}", action=_NotYet, nargs="?", help=argparse.SUPPRESS)
+    return parser
+
+
+def _load(target: str):
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_server(args) -> Server:
+    repos = [Path(r) for r in (args.model_repository or [str(BUNDLED_REPOSITORY)])]
+    for r in repos:
+        if not r.is_dir():
+            raise StartupError(f"failed to stat model repository path '{r}': not a directory")
+    backend_config = _parse_backend_config(args.backend_config)
+    options = ServerOptions(
+        model_repositories=repos,
+        server_id=args.id,
+        exit_timeout_secs=args.exit_timeout_secs,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        disable_auto_complete_config=args.disable_auto_complete_config,
+        strict_model_config=args.strict_model_config,
+        backend_config=backend_config,
+        log_verbose=args.log_verbose,
+    )
+    backends = {}
+    for name, target in BACKENDS.items():
+        backends[name] = _load(target)(backend_config.get(name, {}), log_verbose=args.log_verbose)
+    server = Server(options, backends)
+    if args.allow_http:
+        server.transports.append(
+            _load(HTTP_TRANSPORT)(server, args.http_address, args.http_port, args.http_max_input_size, args.http_server)
+        )
+    if args.allow_grpc:
+        try:
+            grpc_transport = _load(GRPC_TRANSPORT)
+        except ImportError:
+            log.warning("gRPC endpoint is not available in this build of Kernel; serving HTTP only")
+        else:
+            server.transports.append(grpc_transport(server, args.grpc_address, args.grpc_port))
+    return server
+
+
+async def serve(args) -> int:
+    server = build_server(args)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        await server.start_transports()
+    except (StartupError, OSError) as exc:
+        log.error("error: creating server: %s", exc)
+        await server.stop()
+        return 1
+    await stop.wait()
+    log.info("Received signal, shutting down")
+    await server.stop()
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    server_log.configure(args.log_verbose, args.log_info, args.log_warning, args.log_error,
+                         args.log_format, args.log_file)
+    for flag in args.no_effect:
+        log.warning("%s is accepted for compatibility with tritonserver and has no effect in Kernel", flag)
+    if args.model_control_mode != "none":
+        log.error("--model-control-mode=%s is not supported by Kernel yet (only 'none')", args.model_control_mode)
+        return 1
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.run(serve(args))
+    try:
+        return uvloop.run(serve(args))
+    except StartupError as exc:
+        log.error("error: creating server: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

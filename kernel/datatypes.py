@@ -1,0 +1,106 @@
+"""Tensor datatypes: KServe v2 names, config.pbtxt TYPE_ names, numpy dtypes.
+
+BYTES tensors travel in one serialized form everywhere (HTTP binary data, gRPC
+raw contents, worker IPC): each element is a 4-byte little-endian length
+followed by its bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+# KServe v2 datatype -> numpy dtype (BYTES maps to object arrays of bytes).
+_NUMPY_BY_DATATYPE: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+
+# Element size in bytes; BYTES and BF16 have no numpy-native fixed element.
+ELEMENT_SIZE: dict[str, int] = {
+    name: dt.itemsize for name, dt in _NUMPY_BY_DATATYPE.items() if name != "BYTES"
+}
+ELEMENT_SIZE["BF16"] = 2
+
+DATATYPES = frozenset(list(_NUMPY_BY_DATATYPE) + ["BF16"])
+
+_DATATYPE_BY_NUMPY: dict[np.dtype, str] = {
+    dt: name for name, dt in _NUMPY_BY_DATATYPE.items() if name != "BYTES"
+}
+
+
+def config_type_to_datatype(config_type: str) -> str:
+    """'TYPE_FP32' -> 'FP32'; 'TYPE_STRING' -> 'BYTES'."""
+    name = config_type[5:] if config_type.startswith("TYPE_") else config_type
+    return "BYTES" if name == "STRING" else name
+
+
+def datatype_to_config_type(datatype: str) -> str:
+    return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
+
+
+def datatype_to_numpy(datatype: str) -> np.dtype | None:
+    return _NUMPY_BY_DATATYPE.get(datatype)
+
+
+def numpy_to_datatype(dtype: np.dtype) -> str | None:
+    dtype = np.dtype(dtype)
+    if dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    return _DATATYPE_BY_NUMPY.get(dtype)
+
+
+def element_count(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Object/bytes/str array -> length-prefixed wire form (row-major order)."""
+    parts = []
+    pack = struct.Struct("<I").pack
+    for item in array.reshape(-1) if array.ndim else [array.item()]:
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray, memoryview)):
+            item = str(item).encode("utf-8")
+        parts.append(pack(len(item)))
+        parts.append(bytes(item))
+    return b"".join(parts)
+
+
+def deserialize_bytes(buffer, count: int | None = None) -> list[bytes]:
+    """Length-prefixed wire form -> list of bytes. Raises ValueError on bad framing.
+
+    When count is given the buffer must hold exactly that many elements.
+    """
+    mv = memoryview(buffer).cast("B")
+    items: list[bytes] = []
+    offset, end = 0, len(mv)
+    unpack = struct.Struct("<I").unpack_from
+    while offset < end:
+        if offset + 4 > end:
+            raise ValueError("truncated BYTES element length")
+        (length,) = unpack(mv, offset)
+        offset += 4
+        if offset + length > end:
+            raise ValueError("BYTES element runs past the end of its buffer")
+        items.append(bytes(mv[offset : offset + length]))
+        offset += length
+    if count is not None and len(items) != count:
+        raise ValueError(f"expected {count} BYTES elements, found {len(items)}")
+    return items

@@ -1,0 +1,1 @@
+"""Generated protobuf modules (run scripts/gen_protos.py after editing a .proto)."""

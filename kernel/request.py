@@ -1,0 +1,235 @@
+"""The request/response object model shared by transports, schedulers, backends and BLS.
+
+A tensor is carried in its wire form (`raw`: contiguous little-endian bytes, or
+length-prefixed elements for BYTES) because that is what every transport and
+the worker IPC read and write; a numpy view is made only when someone asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from kernel import datatypes
+from kernel.errors import KernelError, invalid_arg
+
+
+class InferTensor:
+    """A named tensor: datatype, shape and its bytes in wire form."""
+
+    __slots__ = ("name", "datatype", "shape", "_raw", "_array")
+
+    def __init__(self, name: str, datatype: str, shape, raw=None, array: np.ndarray | None = None):
+        self.name = name
+        self.datatype = datatype
+        self.shape = tuple(shape)
+        self._raw = raw
+        self._array = array
+
+    @classmethod
+    def from_numpy(cls, name: str, array: np.ndarray, datatype: str | None = None) -> "InferTensor":
+        if datatype is None:
+            datatype = datatypes.numpy_to_datatype(array.dtype)
+            if datatype is None:
+                raise invalid_arg(f"unsupported numpy dtype {array.dtype} for tensor '{name}'")
+        return cls(name, datatype, array.shape, array=array)
+
+    @property
+    def raw(self):
+        """Bytes-like wire form of the data."""
+        if self._raw is None:
+            arr = self._array
+            if self.datatype == "BYTES":
+                self._raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
+            else:
+                arr = np.ascontiguousarray(arr)
+                if arr.dtype.byteorder == ">":
+                    arr = arr.astype(arr.dtype.newbyteorder("<"))
+                self._raw = memoryview(arr).cast("B")
+        return self._raw
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.raw)
+
+    def as_numpy(self) -> np.ndarray:
+        if self._array is None:
+            if self.datatype == "BYTES":
+                count = datatypes.element_count(self.shape)
+                arr = np.empty(count, dtype=np.object_)
+                arr[:] = datatypes.deserialize_bytes(self._raw, count)
+                self._array = arr.reshape(self.shape)
+            else:
+                dtype = datatypes.datatype_to_numpy(self.datatype)
+                if dtype is None:
+                    raise invalid_arg(f"datatype {self.datatype} has no numpy equivalent")
+                self._array = np.frombuffer(self._raw, dtype=dtype).reshape(self.shape)
+        return self._array
+
+    def __repr__(self) -> str:
+        return f"InferTensor({self.name!r}, {self.datatype}, {list(self.shape)})"
+
+
+class RequestedOutput:
+    __slots__ = ("name", "parameters")
+
+    def __init__(self, name: str, parameters: Optional[dict] = None):
+        self.name = name
+        self.parameters = parameters or {}
+
+
+class InferResponse:
+    """One response to a request. `final` marks the last response of a request."""
+
+    __slots__ = ("model_name", "model_version", "id", "outputs", "parameters", "error", "final")
+
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str,
+        id: str = "",
+        outputs: Optional[list[InferTensor]] = None,
+        parameters: Optional[dict] = None,
+        error: Optional[KernelError] = None,
+        final: bool = True,
+    ):
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.outputs = outputs if outputs is not None else []
+        self.parameters = parameters or {}
+        self.error = error
+        self.final = final
+
+    def output(self, name: str) -> Optional[InferTensor]:
+        for t in self.outputs:
+            if t.name == name:
+                return t
+        return None
+
+
+# Flags as Triton defines them for requests and responses.
+REQUEST_FLAG_SEQUENCE_START = 1
+REQUEST_FLAG_SEQUENCE_END = 2
+RESPONSE_COMPLETE_FINAL = 1
+
+ResponseCallback = Callable[[InferResponse], None]
+
+
+class InferRequest:
+    """A request as the core sees it, whatever transport it came from.
+
+    Responses are delivered through `on_response`, set by whoever submits the
+    request (a transport, or BLS): one call per response, the last with
+    `final=True`. This keeps a single path for plain and decoupled models.
+    """
+
+    __slots__ = (
+        "model_name",
+        "model_version",
+        "id",
+        "inputs",
+        "outputs",
+        "parameters",
+        "priority",
+        "timeout_us",
+        "correlation_id",
+        "flags",
+        "on_response",
+        "cancelled",
+        "_cancel_callbacks",
+        "arrival_ns",
+    )
+
+    def __init__(
+        self,
+        model_name: str,
+        model_version: str = "",
+        id: str = "",
+        inputs: Optional[list[InferTensor]] = None,
+        outputs: Optional[list[RequestedOutput]] = None,
+        parameters: Optional[dict] = None,
+        priority: int = 0,
+        timeout_us: int = 0,
+        correlation_id: Any = 0,
+        flags: int = 0,
+    ):
+        self.model_name = model_name
+        self.model_version = model_version
+        self.id = id
+        self.inputs = inputs if inputs is not None else []
+        self.outputs = outputs  # None: every output the model produces
+        self.parameters = parameters or {}
+        self.priority = priority
+        self.timeout_us = timeout_us
+        self.correlation_id = correlation_id
+        self.flags = flags
+        self.on_response: Optional[ResponseCallback] = None
+        self.cancelled = False
+        self._cancel_callbacks: Optional[list[Callable[[], None]]] = None
+        self.arrival_ns = 0
+
+    def input(self, name: str) -> Optional[InferTensor]:
+        for t in self.inputs:
+            if t.name == name:
+                return t
+        return None
+
+    def cancel(self) -> None:
+        """Mark the request cancelled (client went away) and tell whoever runs it."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        callbacks, self._cancel_callbacks = self._cancel_callbacks, None
+        for cb in callbacks or ():
+            cb()
+
+    def add_cancel_callback(self, cb: Callable[[], None]) -> None:
+        if self.cancelled:
+            cb()
+            return
+        if self._cancel_callbacks is None:
+            self._cancel_callbacks = []
+        self._cancel_callbacks.append(cb)
+
+
+def collect_single_response(request: InferRequest) -> "asyncio.Future[InferResponse]":
+    """Wire `request.on_response` to a future that resolves with its one response.
+
+    Used by request/response protocols (HTTP infer, unary gRPC). A model that
+    sends several responses to such a protocol gets its first non-empty one;
+    Triton behaves the same way for decoupled models over unary calls only when
+    exactly one response comes, so extra responses are reported as an error.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[InferResponse] = loop.create_future()
+    holder: list[InferResponse] = []
+
+    def on_response(response: InferResponse) -> None:
+        if fut.done():
+            return
+        if response.error is not None:
+            fut.set_result(response)
+            return
+        if response.outputs or not response.final:
+            holder.append(response)
+        if response.final:
+            if len(holder) == 1:
+                fut.set_result(holder[0])
+            elif not holder:
+                # A decoupled model that sends only the final flag has no data
+                # for a unary protocol; answer with an empty response.
+                response.final = True
+                fut.set_result(response)
+            else:
+                err = KernelError(
+                    invalid_arg("").code,
+                    "received multiple responses for a request over a protocol that "
+                    "supports exactly one; use the streaming gRPC API for decoupled models",
+                )
+                fut.set_result(InferResponse(response.model_name, response.model_version, response.id, error=err))
+
+    request.on_response = on_response
+    return fut

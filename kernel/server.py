@@ -1,0 +1,287 @@
+"""The server object: loads the model repository, serves requests, shuts down cleanly.
+
+Transports call into it (`submit`, health, metadata, config); backends are
+handed to it by name. It imports neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from kernel import __version__, model_config, repository
+from kernel.backend import Backend, ModelSource
+from kernel.errors import ErrorCode, KernelError
+from kernel.model import Model, ModelState
+from kernel.registry import ModelRegistry
+from kernel.request import InferRequest
+from kernel.scheduler import DirectScheduler
+from kernel.transport import Transport
+
+log = logging.getLogger("kernel.server")
+
+# KServe v2 extensions this server speaks (reported by GET /v2).
+EXTENSIONS = ["classification", "model_configuration", "binary_tensor_data", "parameters"]
+
+
+@dataclass
+class ServerOptions:
+    model_repositories: list[Path]
+    server_id: str = "triton"
+    exit_timeout_secs: float = 30.0
+    strict_readiness: bool = True
+    exit_on_error: bool = True
+    disable_auto_complete_config: bool = False
+    strict_model_config: bool = False
+    backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    log_verbose: int = 0
+
+
+class StartupError(Exception):
+    """Start-up failed in a way that must stop the server (e.g. a model failed with --exit-on-error)."""
+
+
+class Server:
+    def __init__(self, options: ServerOptions, backends: dict[str, Backend]):
+        self.options = options
+        self.backends = backends
+        self.registry = ModelRegistry()
+        self.transports: list[Transport] = []
+        self.live = False
+        self._shutting_down = False
+        self._loaded = False
+
+    # ---- health and metadata ---------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        if not self.live or not self._loaded or self._shutting_down:
+            return False
+        if not self.options.strict_readiness:
+            return True
+        for e in self.registry.entries.values():
+            if e.state is ModelState.UNAVAILABLE:
+                return False
+            if not any(m.ready for m in e.versions.values()):
+                return False
+        return True
+
+    def metadata(self) -> dict:
+        return {"name": self.options.server_id, "version": __version__, "extensions": EXTENSIONS}
+
+    def model(self, name: str, version: str = "") -> Model:
+        return self.registry.get(name, version)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            return self.registry.get(name, version).ready
+        except KernelError:
+            return False
+
+    def model_metadata(self, name: str, version: str = "") -> dict:
+        model = self.registry.get(name, version)
+        entry = self.registry.entries[name]
+        versions = [str(v) for v, m in sorted(entry.versions.items()) if m.state is ModelState.READY]
+        return model.metadata(versions)
+
+    def model_config(self, name: str, version: str = "") -> dict:
+        return self.registry.get(name, version).config_dict
+
+    # ---- inference ---------------------------------------------------------
+
+    def submit(self, request: InferRequest) -> None:
+        """Validate and schedule a request; responses go to request.on_response.
+
+        Raises KernelError when the request is refused up front (unknown model,
+        bad inputs, shutting down).
+        """
+        if self._shutting_down:
+            raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; new requests are not accepted")
+        model = self.registry.get(request.model_name, request.model_version)
+        model.validate(request)
+        model.scheduler.enqueue(request)
+
+    def in_flight(self) -> int:
+        return sum(inst.in_flight for m in self.registry.all_models() for inst in m.instances)
+
+    # ---- loading -------------------------------------------------------------
+
+    async def load_repository(self) -> None:
+        dirs: list[repository.ModelDir] = []
+        seen: dict[str, Path] = {}
+        for root in self.options.model_repositories:
+            for md in repository.scan_repository(Path(root)):
+                if md.name in seen:
+                    raise StartupError(
+                        f"model '{md.name}' appears in two repositories: {seen[md.name]} and {root}"
+                    )
+                seen[md.name] = Path(root)
+                dirs.append(md)
+        await asyncio.gather(*(self.load_model(md) for md in dirs))
+        self._loaded = True
+        log.info(self.model_table())
+        failed = [e for e in self.registry.entries.values() if e.state is ModelState.UNAVAILABLE]
+        if failed and self.options.exit_on_error:
+            raise StartupError("failed to load all models")
+
+    async def load_model(self, md: repository.ModelDir) -> None:
+        entry = self.registry.entry(md.name)
+        entry.state = ModelState.LOADING
+        try:
+            cfg = await self._complete_config(md)
+            versions = repository.select_versions(cfg, sorted(md.versions))
+        except KernelError as exc:
+            self._load_failed(entry, None, exc.message)
+            return
+        except Exception as exc:  # noqa: BLE001 - a broken model must never stop the others
+            self._load_failed(entry, None, f"{type(exc).__name__}: {exc}")
+            return
+        results = await asyncio.gather(*(self._load_version(md, cfg, v) for v in versions))
+        entry.state = ModelState.READY if any(results) else ModelState.UNAVAILABLE
+        if entry.state is ModelState.READY:
+            log.info("successfully loaded '%s'", md.name)
+
+    async def _complete_config(self, md: repository.ModelDir):
+        cfg = repository.load_model_config(md)
+        backend = self._backend_for(cfg, md)
+        model_config.normalize_config(cfg, md.name, model_path=md.path)
+        if not self.options.disable_auto_complete_config and not (
+            self.options.strict_model_config and md.config_path is not None
+        ):
+            latest = max(md.versions) if md.versions else None
+            if latest is not None and _defines_auto_complete(md.versions[latest], cfg):
+                completed = await backend.auto_complete(self._source(md, cfg, latest))
+                if completed is not None:
+                    model_config.apply_autocomplete(cfg, model_config.config_from_dict(completed))
+                    model_config.normalize_config(cfg, md.name, model_path=md.path)
+        model_config.validate_config(cfg)
+        return cfg
+
+    def _backend_for(self, cfg, md: repository.ModelDir) -> Backend:
+        name = cfg.backend or ("python" if not cfg.platform else cfg.platform)
+        backend = self.backends.get(name)
+        if backend is None:
+            raise KernelError(
+                ErrorCode.INVALID_ARG,
+                f"unable to find backend '{name}' for model '{md.name}'; available backends: "
+                + ", ".join(sorted(self.backends)),
+            )
+        if not cfg.backend:
+            cfg.backend = name
+        return backend
+
+    def _source(self, md: repository.ModelDir, cfg, version: int) -> ModelSource:
+        backend = self.backends[cfg.backend]
+        return ModelSource(
+            name=md.name,
+            version=version,
+            model_dir=md.path,
+            version_dir=md.versions[version],
+            repository=md.path.parent,
+            config=cfg,
+            config_json=model_config.config_to_json(cfg),
+            backend_config=self.options.backend_config.get(backend.name, {}),
+        )
+
+    async def _load_version(self, md: repository.ModelDir, cfg, version: int) -> bool:
+        entry = self.registry.entry(md.name)
+        log.info("loading: %s:%d", md.name, version)
+        source = self._source(md, cfg, version)
+        platform = cfg.platform or cfg.backend
+        model = Model(source, model_config.config_to_dict(cfg), platform)
+        entry.versions[version] = model
+        backend = self.backends[cfg.backend]
+        try:
+            model_file = md.versions[version] / (cfg.default_model_filename or backend.default_model_filename())
+            if not model_file.is_file():
+                raise KernelError(ErrorCode.INVALID_ARG, f"unable to find '{model_file}' for model '{md.name}'")
+            model.instances = await backend.load(source)
+        except KernelError as exc:
+            del entry.versions[version]
+            self._load_failed(entry, version, exc.message)
+            return False
+        except Exception as exc:  # noqa: BLE001
+            del entry.versions[version]
+            self._load_failed(entry, version, f"{type(exc).__name__}: {exc}")
+            return False
+        model.scheduler = DirectScheduler(md.name, model.instances)
+        model.state = ModelState.READY
+        return True
+
+    def _load_failed(self, entry, version: Optional[int], reason: str) -> None:
+        entry.state = ModelState.UNAVAILABLE
+        entry.reason = reason
+        where = f"'{entry.name}'" if version is None else f"'{entry.name}' version {version}"
+        log.error("failed to load %s: %s", where, reason)
+
+    def model_table(self) -> str:
+        rows = []
+        for name in sorted(self.registry.entries):
+            e = self.registry.entries[name]
+            if e.versions:
+                for v, m in sorted(e.versions.items()):
+                    rows.append((name, str(v), m.state.value if m.state is not ModelState.READY else "READY"))
+            else:
+                rows.append((name, "-", f"UNAVAILABLE: {e.reason}" if e.reason else e.state.value))
+        return _table(("Model", "Version", "Status"), rows)
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.live = True
+        await self.load_repository()
+
+    async def start_transports(self) -> None:
+        for t in self.transports:
+            address = await t.start()
+            log.info("Started %s at %s", t.service_name, address)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: refuse new work, drain in-flight requests, finalize models."""
+        self._shutting_down = True
+        for t in self.transports:
+            try:
+                await t.stop()
+            except Exception:  # noqa: BLE001
+                log.exception("stopping %s failed", t.service_name)
+        timeout = self.options.exit_timeout_secs
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        log.info("Waiting for in-flight requests to complete.")
+        while self.in_flight() and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        remaining = self.in_flight()
+        log.info("Timeout %d: Found %d in-flight requests", int(max(0, deadline - loop.time())), remaining)
+        models = self.registry.all_models()
+        for m in models:
+            m.state = ModelState.UNLOADING
+        await asyncio.gather(
+            *(inst.stop(max(0.0, deadline - loop.time())) for m in models for inst in m.instances),
+            return_exceptions=True,
+        )
+        for m in models:
+            m.state = ModelState.UNAVAILABLE
+            log.info("successfully unloaded '%s' version %d", m.name, m.version)
+        self.live = False
+
+
+def _defines_auto_complete(version_dir: Path, cfg) -> bool:
+    """Only spawn the auto-complete interpreter for models that define the hook."""
+    model_file = version_dir / (cfg.default_model_filename or "model.py")
+    try:
+        return "auto_complete_config" in model_file.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def fmt(row) -> str:
+        return "|" + "|".join(f" {str(c):<{w}} " for c, w in zip(row, widths)) + "|"
+
+    return "\n".join([line, fmt(header), line, *(fmt(r) for r in rows), line])

@@ -1,0 +1,127 @@
+"""Shared fixtures: a real `kernel serve` subprocess on free ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "model_repo_examples"
+TEST_MODELS = Path(__file__).resolve().parent / "models"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class KernelProcess:
+    """A `kernel serve` subprocess; its combined output is kept for assertions."""
+
+    def __init__(self, repos, *extra: str, env=None):
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel-test-{self.http_port}.log"
+        args = [sys.executable, "-m", "kernel", "serve"]
+        for r in repos:
+            args += ["--model-repository", str(r)]
+        args += [
+            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            "--metrics-port", str(self.metrics_port), *extra,
+        ]
+        self._log = open(self.log_path, "w+b")
+        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+
+    @property
+    def url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 60.0) -> "KernelProcess":
+        import urllib.request
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kernel serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"kernel serve did not become ready:\n{self.log()}")
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server():
+    """One server for the read-only tests: the bundled examples plus the test models."""
+    k = KernelProcess([EXAMPLES, TEST_MODELS / "good"])
+    try:
+        yield k.wait_ready()
+    finally:
+        k.stop()
+
+
+@pytest.fixture
+def start_kernel():
+    """Start extra servers for tests that need their own; all are stopped afterwards."""
+    started = []
+
+    def start(repos, *extra, env=None):
+        k = KernelProcess(repos, *extra, env=env)
+        started.append(k)
+        return k
+
+    yield start
+    for k in started:
+        k.stop()
+
+
+@pytest.fixture
+def http_client(server):
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.url)
+    yield client
+    client.close()
+
+
+def copy_model(src: Path, dest_repo: Path, name: str | None = None) -> Path:
+    target = dest_repo / (name or src.name)
+    shutil.copytree(src, target)
+    return target

@@ -1,0 +1,228 @@
+"""Bad input gets a clear error with Triton's status code, and nothing else breaks."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+
+def post(server, path: str, body: bytes, headers=None):
+    conn = http.client.HTTPConnection("localhost", server.http_port, timeout=30)
+    try:
+        conn.request("POST", path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, (json.loads(data) if data else None)
+    finally:
+        conn.close()
+
+
+def fp32_inputs(**arrays):
+    out = []
+    for name, arr in arrays.items():
+        t = httpclient.InferInput(name, list(arr.shape), "FP32")
+        t.set_data_from_numpy(arr.astype(np.float32))
+        out.append(t)
+    return out
+
+
+def assert_still_serving(client):
+    a = np.ones(4, np.float32)
+    result = client.infer("add_sub", fp32_inputs(INPUT0=a, INPUT1=a))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
+
+
+def test_malformed_json(server, http_client):
+    status, doc = post(server, "/v2/models/add_sub/infer", b'{"inputs": [ {"name": ')
+    assert status == 400
+    assert "JSON" in doc["error"]
+    assert_still_serving(http_client)
+
+
+def test_json_with_wrong_structure(server):
+    status, doc = post(server, "/v2/models/add_sub/infer", b'{"inputs": "nope"}')
+    assert status == 400
+    assert "inputs" in doc["error"]
+
+
+def test_invalid_utf8_in_json(server):
+    status, doc = post(server, "/v2/models/string_identity/infer", b'{"inputs": [{"name": "\xff\xfe", "shape": [1], "datatype": "BYTES", "data": ["x"]}]}')
+    assert status == 400
+    assert doc["error"]
+
+
+def test_unknown_model(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("no_such_model", fp32_inputs(INPUT0=np.ones(4)))
+    assert info.value.status() == "400"
+    assert "Request for unknown model: 'no_such_model' is not found" in info.value.message()
+
+
+def test_unknown_version(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("add_sub", fp32_inputs(INPUT0=np.ones(4), INPUT1=np.ones(4)), model_version="9")
+    assert info.value.status() == "404"
+    assert "version 9 is not found" in info.value.message()
+
+
+def test_metadata_of_unknown_model(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.get_model_metadata("no_such_model")
+    assert "no_such_model" in info.value.message()
+
+
+def test_missing_input(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("add_sub", fp32_inputs(INPUT0=np.ones(4)))
+    assert info.value.status() == "400"
+    assert "missing required input(s) ['INPUT1']" in info.value.message()
+
+
+def test_extra_input(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("add_sub", fp32_inputs(INPUT0=np.ones(4), INPUT1=np.ones(4), INPUT9=np.ones(4)))
+    assert info.value.status() == "400"
+    assert "unexpected inference input 'INPUT9' for model 'add_sub'" in info.value.message()
+
+
+def test_wrong_datatype(http_client):
+    t0 = httpclient.InferInput("INPUT0", [4], "INT32")
+    t0.set_data_from_numpy(np.ones(4, np.int32))
+    t1 = fp32_inputs(INPUT1=np.ones(4))[0]
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("add_sub", [t0, t1])
+    assert info.value.status() == "400"
+    assert "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'" in info.value.message()
+
+
+def test_wrong_shape(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("add_sub", fp32_inputs(INPUT0=np.ones(5), INPUT1=np.ones(5)))
+    assert info.value.status() == "400"
+    assert "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [4], got [5]" in info.value.message()
+
+
+def test_json_data_count_does_not_match_shape(server):
+    body = json.dumps({"inputs": [
+        {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3]},
+        {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+    ]}).encode()
+    status, doc = post(server, "/v2/models/add_sub/infer", body)
+    assert status == 400
+    assert "INPUT0" in doc["error"] and "expecting 4" in doc["error"]
+
+
+def _binary_request(declared: int, actual: bytes):
+    header = json.dumps({"inputs": [
+        {"name": "IN_FP32", "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": declared}},
+    ]}).encode()
+    return header + actual, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def test_binary_section_shorter_than_declared(server, http_client):
+    body, headers = _binary_request(16, b"\0" * 12)
+    status, doc = post(server, "/v2/models/dtype_echo/infer", body, headers)
+    assert status == 400
+    assert "IN_FP32" in doc["error"]
+    assert_still_serving(http_client)
+
+
+def test_binary_section_longer_than_declared(server):
+    body, headers = _binary_request(16, b"\0" * 20)
+    status, doc = post(server, "/v2/models/dtype_echo/infer", body, headers)
+    assert status == 400
+    assert "4 bytes of binary data" in doc["error"]
+
+
+def test_binary_size_not_matching_shape(server):
+    body, headers = _binary_request(12, b"\0" * 12)
+    status, doc = post(server, "/v2/models/dtype_echo/infer", body, headers)
+    assert status == 400
+    assert "input byte size mismatch for input 'IN_FP32' for model 'dtype_echo'. Expected 16, got 12" in doc["error"]
+
+
+def test_header_length_past_the_body(server):
+    status, doc = post(server, "/v2/models/dtype_echo/infer", b"{}", {"Inference-Header-Content-Length": "99"})
+    assert status == 400
+    assert "Inference-Header-Content-Length" in doc["error"]
+
+
+def test_truncated_bytes_element(server):
+    header = json.dumps({"inputs": [
+        {"name": "IN_STRING", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}},
+    ]}).encode()
+    body = header + (10).to_bytes(4, "little") + b"ab"  # claims 10 bytes, has 2
+    status, doc = post(server, "/v2/models/dtype_echo/infer", body, {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 400
+    assert "IN_STRING" in doc["error"]
+
+
+def test_body_over_the_size_limit(start_kernel, tmp_path):
+    from conftest import EXAMPLES
+
+    k = start_kernel([EXAMPLES], "--http-max-input-size", "1000").wait_ready()
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [0.0] * 400}]}).encode()
+    status, doc = post(k, "/v2/models/add_sub/infer", body)
+    assert status == 400
+    assert "exceeds the maximum allowed input size of 1000 bytes" in doc["error"]
+    client = httpclient.InferenceServerClient(k.url)
+    assert_still_serving(client)
+
+
+def test_model_that_raises(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("raises", fp32_inputs(INPUT0=np.ones(3)))
+    assert info.value.status() == "500"
+    message = info.value.message()
+    assert "Failed to process the request(s) for model instance 'raises_0'" in message
+    assert "ValueError: this model always fails" in message
+    assert_still_serving(http_client)
+
+
+def test_model_returning_wrong_number_of_responses(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("wrong_count", fp32_inputs(INPUT0=np.ones(3)))
+    assert info.value.status() == "500"
+    assert "Number of InferenceResponse objects do not match the number of InferenceRequest objects" in info.value.message()
+
+
+def test_model_returning_wrong_type(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("wrong_type", fp32_inputs(INPUT0=np.ones(3)))
+    assert info.value.status() == "500"
+    assert "Expected a list in the execute return" in info.value.message()
+
+
+def test_model_error_response(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("error_response", fp32_inputs(INPUT0=np.ones(3)))
+    assert info.value.status() == "500"
+    assert "the model refused this request" in info.value.message()
+
+
+def test_unknown_path_and_wrong_method(server):
+    status, doc = post(server, "/v2/nothing/here", b"")
+    assert status == 404
+    status, doc = post(server, "/v2/models/add_sub/config", b"")
+    assert status == 405
+
+
+def test_crashing_worker_fails_only_its_requests_and_restarts(server, http_client):
+    import time
+
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("crasher", fp32_inputs(INPUT0=-np.ones(2)))
+    assert info.value.status() == "500"
+    assert "'crasher_0'" in info.value.message() and "not healthy" in info.value.message()
+    assert_still_serving(http_client)
+    deadline = time.time() + 30
+    while time.time() < deadline and not http_client.is_model_ready("crasher"):
+        time.sleep(0.1)
+    assert http_client.is_model_ready("crasher")
+    result = http_client.infer("crasher", fp32_inputs(INPUT0=np.ones(2)))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.ones(2, np.float32))

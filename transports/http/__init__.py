@@ -1,0 +1,5 @@
+"""KServe v2 HTTP/REST transport."""
+
+from transports.http.transport import HttpTransport
+
+__all__ = ["HttpTransport"]

@@ -1,0 +1,230 @@
+"""The KServe v2 HTTP API as a raw ASGI application.
+
+Raw ASGI rather than a framework router: on this path every microsecond is
+per request (see benchmarks/results/http_servers.md), and the route table is
+small enough to read at a glance below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from typing import Optional
+
+from kernel.errors import ErrorCode, KernelError
+from kernel.request import collect_single_response
+from kernel.server import Server
+from transports.http import codec
+
+log = logging.getLogger("kernel.http")
+
+# Triton's mapping from error category to HTTP status.
+_STATUS = {
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+}
+
+_JSON = [(b"content-type", b"application/json")]
+_EMPTY_OK = {"type": "http.response.body", "body": b""}
+
+
+def status_for(error: KernelError) -> int:
+    return _STATUS.get(error.code, 400)
+
+
+class HttpApp:
+    def __init__(self, server: Server, max_input_size: int = 64 * 1024 * 1024):
+        self.server = server
+        self.max_input_size = max_input_size
+
+    async def __call__(self, scope, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def _http(self, scope, receive, send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if path.startswith("/v2/models/"):
+                await self._model_route(path[11:], method, scope, receive, send)
+            elif path == "/v2/health/live":
+                await _status_only(send, 200 if self.server.live else 400)
+            elif path == "/v2/health/ready":
+                await _status_only(send, 200 if self.server.ready else 400)
+            elif path in ("/v2", "/v2/"):
+                self._require(method, "GET")
+                await _json(send, 200, self.server.metadata())
+            else:
+                await _error(send, 404, "Not Found")
+        except KernelError as exc:
+            await _error(send, status_for(exc), exc.message)
+        except _MethodNotAllowed:
+            await _error(send, 405, "Method Not Allowed")
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the connection down
+            log.exception("unexpected error handling %s %s", method, path)
+            await _error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _require(method: str, expected: str) -> None:
+        if method != expected:
+            raise _MethodNotAllowed()
+
+    async def _model_route(self, rest: str, method: str, scope, receive, send) -> None:
+        # rest: "<model>[/versions/<v>][/<action>]"
+        parts = rest.split("/")
+        name = parts[0]
+        version = ""
+        tail = parts[1:]
+        if len(tail) >= 2 and tail[0] == "versions":
+            version = tail[1]
+            tail = tail[2:]
+        action = tail[0] if tail else ""
+        if len(tail) > 1 or not name:
+            await _error(send, 404, "Not Found")
+            return
+        if action == "infer":
+            self._require(method, "POST")
+            await self._infer(name, version, scope, receive, send)
+        elif action == "":
+            self._require(method, "GET")
+            await _json(send, 200, self.server.model_metadata(name, version))
+        elif action == "ready":
+            self._require(method, "GET")
+            ready = self.server.model_ready(name, version)
+            await _status_only(send, 200 if ready else 400)
+        elif action == "config":
+            self._require(method, "GET")
+            await _json(send, 200, self.server.model_config(name, version))
+        else:
+            await _error(send, 404, "Not Found")
+
+    async def _infer(self, name: str, version: str, scope, receive, send) -> None:
+        header_length: Optional[int] = None
+        encoding = None
+        for key, value in scope["headers"]:
+            if key == b"inference-header-content-length":
+                try:
+                    header_length = int(value)
+                except ValueError:
+                    raise KernelError(
+                        ErrorCode.INVALID_ARG, "Inference-Header-Content-Length must be an integer"
+                    ) from None
+            elif key == b"content-encoding":
+                encoding = value.decode("latin-1").lower()
+        body = await self._read_body(receive)
+        if body is None:
+            return  # client went away
+        if encoding and encoding != "identity":
+            body = self._decompress(body, encoding)
+        request, binary_default, binary_choice = codec.parse_infer_request(body, header_length, name, version)
+        future = collect_single_response(request)
+        self.server.submit(request)
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, request, future))
+        try:
+            response = await future
+        finally:
+            watcher.cancel()
+        if response is None:
+            return  # the client disconnected; the request was cancelled
+        if response.error is not None:
+            await _error(send, status_for(response.error), response.error.message)
+            return
+        body_out, json_length = codec.encode_infer_response(response, binary_default, binary_choice)
+        if json_length is None:
+            await _send(send, 200, _JSON, body_out)
+            return
+        total = sum(len(b) for b in body_out)
+        headers = [
+            (b"content-type", b"application/octet-stream"),
+            (b"inference-header-content-length", str(json_length).encode()),
+            (b"content-length", str(total).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        last = len(body_out) - 1
+        for i, part in enumerate(body_out):
+            await send({"type": "http.response.body", "body": bytes(part), "more_body": i != last})
+
+    async def _read_body(self, receive) -> Optional[bytes]:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        body = message.get("body", b"")
+        if not message.get("more_body", False):
+            self._check_size(len(body))
+            return body
+        chunks = [body]
+        size = len(body)
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            self._check_size(size)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _check_size(self, size: int) -> None:
+        if size > self.max_input_size:
+            raise KernelError(
+                ErrorCode.INVALID_ARG,
+                f"request body of {size} or more bytes exceeds the maximum allowed input size of "
+                f"{self.max_input_size} bytes. Use --http-max-input-size to increase the limit.",
+            )
+
+    def _decompress(self, body: bytes, encoding: str) -> bytes:
+        if encoding not in ("gzip", "deflate"):
+            raise KernelError(ErrorCode.UNSUPPORTED, f"unsupported Content-Encoding '{encoding}'")
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+        try:
+            out = d.decompress(body, self.max_input_size + 1)
+        except zlib.error as exc:
+            raise KernelError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: {exc}") from None
+        self._check_size(len(out))
+        return out
+
+
+class _MethodNotAllowed(Exception):
+    pass
+
+
+async def _cancel_on_disconnect(receive, request, future) -> None:
+    """A client that goes away cancels its request (the model sees is_cancelled())."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            request.cancel()
+            if not future.done():
+                future.set_result(None)
+            return
+
+
+async def _send(send, status: int, headers, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _status_only(send, status: int) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
+    await send(_EMPTY_OK)
+
+
+async def _json(send, status: int, doc) -> None:
+    await _send(send, status, _JSON, codec.encode_json(doc))
+
+
+async def _error(send, status: int, message: str) -> None:
+    await _send(send, status, _JSON, codec.error_body(message))

@@ -1,0 +1,90 @@
+"""Runs the HTTP app inside the front process's event loop.
+
+uvicorn with httptools is the default (fastest measured here); hypercorn stays
+selectable with --http-server hypercorn for those who want its HTTP/2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from kernel.server import Server
+from kernel.transport import Transport
+from transports.http.app import HttpApp
+
+log = logging.getLogger("kernel.http")
+
+HTTP_SERVERS = ("uvicorn", "hypercorn")
+
+
+class HttpTransport(Transport):
+    service_name = "HTTPService"
+
+    def __init__(self, server: Server, address: str = "0.0.0.0", port: int = 8000,
+                 max_input_size: int = 64 * 1024 * 1024, http_server: str = "uvicorn"):
+        if http_server not in HTTP_SERVERS:
+            raise ValueError(f"unknown HTTP server '{http_server}' (choose from {', '.join(HTTP_SERVERS)})")
+        self.app = HttpApp(server, max_input_size)
+        self.address = address
+        self.port = port
+        self.http_server = http_server
+        self._task: asyncio.Task | None = None
+        self._uvicorn = None
+        self._hypercorn_stop: asyncio.Event | None = None
+
+    async def start(self) -> str:
+        if self.http_server == "uvicorn":
+            await self._start_uvicorn()
+        else:
+            await self._start_hypercorn()
+        return f"{self.address}:{self.port}"
+
+    async def _start_uvicorn(self) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app, host=self.address, port=self.port, http="httptools", loop="none",
+            lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=None,
+        )
+
+        class _Server(uvicorn.Server):
+            # The front process owns signal handling; uvicorn must not install its own.
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        self._uvicorn = _Server(config)
+        config.load()
+        self._uvicorn.lifespan = config.lifespan_class(config)
+        await self._uvicorn.startup()
+        if self._uvicorn.should_exit:
+            raise OSError(f"could not listen on {self.address}:{self.port} for HTTP")
+        self._task = asyncio.ensure_future(self._uvicorn.main_loop())
+
+    async def _start_hypercorn(self) -> None:
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config
+
+        config = Config()
+        config.bind = [f"{self.address}:{self.port}"]
+        config.accesslog = None
+        config.errorlog = None
+        self._hypercorn_stop = asyncio.Event()
+        self._task = asyncio.ensure_future(serve(self.app, config, shutdown_trigger=self._hypercorn_stop.wait))
+        # hypercorn binds inside serve(); give it a moment and surface bind errors.
+        await asyncio.sleep(0.05)
+        if self._task.done():
+            self._task.result()
+
+    async def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            if self._task is not None:
+                await self._task
+            await self._uvicorn.shutdown()
+        elif self._hypercorn_stop is not None:
+            self._hypercorn_stop.set()
+            if self._task is not None:
+                await self._task
