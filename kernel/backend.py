@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 from kernel.request import InferRequest
 
@@ -48,8 +48,21 @@ class BackendInstance(abc.ABC):
         """Let in-flight work finish (up to timeout), finalize the model, end the instance."""
 
 
+class CoreHandle(Protocol):
+    """What a backend may ask of the core: run a request (BLS), look a model up."""
+
+    def submit(self, request: InferRequest) -> None: ...
+
+    def model(self, name: str, version: str = "") -> Any: ...
+
+
 class Backend(abc.ABC):
     name: str
+    core: Optional[CoreHandle] = None
+
+    def attach(self, core: CoreHandle) -> None:
+        """Called once by the server that owns this backend."""
+        self.core = core
 
     @abc.abstractmethod
     async def auto_complete(self, source: ModelSource) -> Optional[dict]:

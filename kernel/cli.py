@@ -164,7 +164,7 @@ def build_server(args) -> Server:
     if args.allow_grpc:
         try:
             grpc_transport = _load(GRPC_TRANSPORT)
-        except ImportError:
+        except (ImportError, AttributeError):
             log.warning("gRPC endpoint is not available in this build of Kernel; serving HTTP only")
         else:
             server.transports.append(grpc_transport(server, args.grpc_address, args.grpc_port))

@@ -174,8 +174,15 @@ def _is_map(field: FieldDescriptor) -> bool:
 
 def _message_to_dict(msg: Message) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    # Triton's printer lays out every field in declaration order except scalar
+    # members of a oneof, which come last (observed: InitialState prints
+    # "name" before "zero_data").
+    trailing: list[FieldDescriptor] = []
     for field in msg.DESCRIPTOR.fields:
         name = field.name
+        if field.containing_oneof is not None and field.type != FieldDescriptor.TYPE_MESSAGE:
+            trailing.append(field)
+            continue
         if _is_map(field):
             kfield = field.message_type.fields_by_name["key"]
             vfield = field.message_type.fields_by_name["value"]
@@ -191,6 +198,9 @@ def _message_to_dict(msg: Message) -> dict[str, Any]:
                 out[name] = _scalar(field, getattr(msg, name))
         else:
             out[name] = _scalar(field, getattr(msg, name))
+    for field in sorted(trailing, key=lambda f: f.number):
+        if msg.HasField(field.name):
+            out[field.name] = _scalar(field, getattr(msg, field.name))
     return out
 
 

@@ -48,6 +48,8 @@ class Server:
     def __init__(self, options: ServerOptions, backends: dict[str, Backend]):
         self.options = options
         self.backends = backends
+        for backend in backends.values():
+            backend.attach(self)
         self.registry = ModelRegistry()
         self.transports: list[Transport] = []
         self.live = False

@@ -95,7 +95,10 @@ class PythonBackend(Backend):
         return specs
 
     async def load(self, source: ModelSource) -> list[BackendInstance]:
-        instances = [WorkerInstance(source, name, kind, dev, self.settings) for name, kind, dev in self.instance_specs(source)]
+        instances = [
+            WorkerInstance(source, name, kind, dev, self.settings, self.core)
+            for name, kind, dev in self.instance_specs(source)
+        ]
         for inst in instances:
             inst.on_unexpected_exit = self._restart
         results = await asyncio.gather(*(inst.start() for inst in instances), return_exceptions=True)

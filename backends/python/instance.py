@@ -23,9 +23,9 @@ import msgspec
 from backends.python import messages, wire
 from backends.python.arena import Arena, PeerArena
 from backends.python.framing import MessageChannel
-from kernel.backend import BackendInstance, ModelSource
+from kernel.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse, InferTensor
+from kernel.request import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 log = logging.getLogger("kernel.python")
 
@@ -40,8 +40,17 @@ class WorkerSettings(msgspec.Struct, frozen=True):
 
 
 class WorkerInstance(BackendInstance):
-    def __init__(self, source: ModelSource, name: str, kind: str, device_id: int, settings: WorkerSettings):
+    def __init__(
+        self,
+        source: ModelSource,
+        name: str,
+        kind: str,
+        device_id: int,
+        settings: WorkerSettings,
+        core: Optional[CoreHandle] = None,
+    ):
         self.source = source
+        self.core = core
         self.name = name
         self.kind = kind
         self.device_id = device_id
@@ -63,6 +72,7 @@ class WorkerInstance(BackendInstance):
         self._peer = PeerArena()
         self._pending: dict[int, InferRequest] = {}
         self._input_regions: dict[int, list[tuple[int, int]]] = {}
+        self._bls_calls: dict[int, InferRequest] = {}
         self._keys = itertools.count(1)
         self._ready: Optional[asyncio.Future] = None
         self._exited: Optional[asyncio.Future] = None
@@ -244,6 +254,15 @@ class WorkerInstance(BackendInstance):
         elif type(msg) is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self._fd_sock, 1, 1)
             self._peer.add(msg.segment, fds[0], msg.size)
+        elif type(msg) is messages.BlsRequest:
+            self._on_bls_request(msg)
+        elif type(msg) is messages.BlsCancel:
+            request = self._bls_calls.get(msg.key)
+            if request is not None:
+                request.cancel()
+        elif type(msg) is messages.Release:
+            for seg, off in msg.regions:
+                self._arena.free(seg, off)
         elif type(msg) is messages.Ready:
             if not self._ready.done():
                 self._ready.set_result(msg.error)
@@ -269,16 +288,7 @@ class WorkerInstance(BackendInstance):
                     error=KernelError(ErrorCode[r.error.code], r.error.message), final=r.final,
                 )
             else:
-                outputs = []
-                for t in r.outputs:
-                    if t.data is not None:
-                        outputs.append(InferTensor(t.name, t.datatype, t.shape, raw=t.data))
-                    else:
-                        # one copy out of the arena, so the region can be reused at once
-                        outputs.append(
-                            InferTensor(t.name, t.datatype, t.shape, raw=bytes(self._peer.view(t.segment, t.offset, t.nbytes)))
-                        )
-                        release.append((t.segment, t.offset))
+                outputs = [self._unpack(t, release) for t in r.outputs]
                 params = msgspec.json.decode(r.parameters) if r.parameters else None
                 response = InferResponse(source.name, version, request.id, outputs, params, final=r.final)
             try:
@@ -288,10 +298,91 @@ class WorkerInstance(BackendInstance):
         if release:
             self.channel.send(messages.Release(release))
 
+    def _unpack(self, t: messages.Tensor, release: list) -> InferTensor:
+        if t.data is not None:
+            return InferTensor(t.name, t.datatype, t.shape, raw=t.data)
+        # One copy out of the worker's arena, so the region can be reused at once.
+        raw = bytes(self._peer.view(t.segment, t.offset, t.nbytes))
+        release.append((t.segment, t.offset))
+        return InferTensor(t.name, t.datatype, t.shape, raw=raw)
+
+    # ---- BLS: the model calls another model through the core ---------------
+
+    def _on_bls_request(self, msg: messages.BlsRequest) -> None:
+        r = msg.request
+        key = r.key
+        release: list = []
+        inputs = [self._unpack(t, release) for t in r.inputs]
+        if release:
+            self.channel.send(messages.Release(release))
+        params = msgspec.json.decode(r.parameters) if r.parameters and r.parameters != "{}" else {}
+        outputs = [RequestedOutput(n) for n in r.requested_outputs] or None
+        request = InferRequest(
+            msg.model_name, msg.model_version, r.request_id, inputs, outputs, params,
+            correlation_id=r.correlation_id, flags=r.flags, timeout_us=msg.timeout_us,
+        )
+        state = {"done": False, "timer": None}
+
+        def reply(response: InferResponse) -> None:
+            if state["done"]:
+                return
+            if response.final:
+                state["done"] = True
+                self._bls_calls.pop(key, None)
+                if state["timer"] is not None:
+                    state["timer"].cancel()
+            if not self.healthy or self.channel is None or self.channel.closed:
+                return
+            if response.error is not None:
+                wire_response = messages.Response(
+                    key, error=messages.Error(response.error.code.name, response.error.message), final=response.final
+                )
+            else:
+                tensors = [wire.pack(t.name, t.datatype, t.shape, t.raw, self._arena) for t in response.outputs]
+                params_json = msgspec.json.encode(response.parameters).decode() if response.parameters else ""
+                wire_response = messages.Response(key, tensors, None, params_json, response.final)
+            self.channel.send(messages.BlsResponses([wire_response]))
+
+        request.on_response = reply
+        self._bls_calls[key] = request
+        try:
+            if msg.caller_blocks and self._would_deadlock(msg.model_name, msg.model_version):
+                raise KernelError(
+                    ErrorCode.UNAVAILABLE,
+                    f"BLS request to model '{msg.model_name}' cannot run: its only instance "
+                    f"'{self.name}' is the one blocked waiting for this response",
+                )
+            self.core.submit(request)
+        except KernelError as exc:
+            reply(InferResponse(msg.model_name, msg.model_version, r.request_id, error=exc))
+            return
+        if msg.timeout_us > 0 and not state["done"]:
+            def expire() -> None:
+                if state["done"]:
+                    return
+                request.cancel()
+                reply(InferResponse(
+                    msg.model_name, msg.model_version, r.request_id,
+                    error=KernelError(ErrorCode.UNAVAILABLE, "Request timeout expired"),
+                ))
+
+            state["timer"] = asyncio.get_running_loop().call_later(msg.timeout_us / 1e6, expire)
+
+    def _would_deadlock(self, model_name: str, version: str) -> bool:
+        try:
+            target = self.core.model(model_name, version)
+        except KernelError:
+            return False
+        healthy = [i for i in target.instances if i.healthy]
+        return healthy == [self]
+
     def _on_lost(self, exc) -> None:
         self.healthy = False
 
     def _fail_pending(self, message: str) -> None:
+        calls, self._bls_calls = self._bls_calls, {}
+        for request in calls.values():
+            request.cancel()
         pending, self._pending = self._pending, {}
         self._input_regions.clear()
         error = KernelError(

@@ -64,7 +64,10 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
 
 
 class Release(msgspec.Struct, tag="release", array_like=True):
-    """The front process is done with these worker-arena regions: (segment, offset)."""
+    """The receiver may reuse these regions of its own arena: (segment, offset).
+
+    Sent by whichever side read tensors the other side wrote into its arena.
+    """
 
     regions: list[tuple[int, int]]
 
@@ -88,6 +91,25 @@ class Finalized(msgspec.Struct, tag="finalized", array_like=True):
     error: Optional[str] = None
 
 
+class BlsRequest(msgspec.Struct, tag="bls", array_like=True):
+    """A model's BLS call: run `request` on another (or the same) model through the core."""
+
+    model_name: str
+    model_version: str  # "" = version policy's choice
+    request: Request  # request.key is the worker's handle for this call
+    timeout_us: int = 0
+    decoupled: bool = False
+    caller_blocks: bool = False  # exec() from a synchronous execute: the caller's thread waits
+
+
+class BlsCancel(msgspec.Struct, tag="bls_cancel", array_like=True):
+    key: int
+
+
+class BlsResponses(msgspec.Struct, tag="bls_responses", array_like=True):
+    responses: list[Response]  # Response.key is the BLS call's key
+
+
 # both directions: an arena segment was created; its fd follows on the fd channel.
 
 
@@ -96,5 +118,5 @@ class SegmentAdded(msgspec.Struct, tag="segment", array_like=True):
     size: int
 
 
-ToWorker = Union[Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded]
-ToFront = Union[Ready, Responses, Finalized, SegmentAdded]
+ToWorker = Union[Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, BlsResponses]
+ToFront = Union[Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release]

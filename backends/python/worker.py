@@ -26,6 +26,7 @@ import numpy as np
 
 from backends.python import messages, wire
 from backends.python.arena import Arena, PeerArena
+from backends.python.bls import BlsClient
 from backends.python.framing import MessageChannel
 from kernel import datatypes
 
@@ -117,7 +118,10 @@ class Worker:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="execute")
         self.done: asyncio.Future | None = None
         self._outbox: list[messages.Response] = []
+        self._peer_releases: list[tuple[int, int]] = []
         self._flush_scheduled = False
+        self.bls = BlsClient(self)
+        pb_utils._bls_handler = self.bls
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -154,6 +158,8 @@ class Worker:
             sink = self.sinks.get(msg.key)
             if sink is not None:
                 sink.cancelled = True
+        elif kind is messages.BlsResponses:
+            self.bls.on_responses(msg.responses)
         elif kind is messages.Release:
             for seg, off in msg.regions:
                 self.arena.free(seg, off)
@@ -354,14 +360,15 @@ class Worker:
                 name = tensor.name()
                 if sink.requested is not None and name not in sink.requested:
                     continue
-                outputs.append(self._pack_output(tensor))
+                outputs.append(self.pack_tensor(tensor))
         except Exception as exc:  # noqa: BLE001 - bad output tensors fail this request only
             self._queue(messages.Response(sink.key, error=messages.Error("INTERNAL", str(exc)), final=final))
             return
         params = response.parameters()
         self._queue(messages.Response(sink.key, outputs, None, params if params and params != "{}" else "", final))
 
-    def _pack_output(self, tensor) -> messages.Tensor:
+    def pack_tensor(self, tensor) -> messages.Tensor:
+        """A pb_utils.Tensor in message form (inline, or copied into our arena)."""
         datatype = tensor._datatype
         arr = tensor._array
         if datatype == "BYTES":
@@ -374,6 +381,14 @@ class Worker:
     def _queue(self, response: messages.Response) -> None:
         # Responses finished in the same loop iteration travel in one message.
         self._outbox.append(response)
+        self._schedule_flush()
+
+    def release_peer_region(self, segment: int, offset: int) -> None:
+        """The model dropped a tensor that lives in the front's arena (BLS output)."""
+        self._peer_releases.append((segment, offset))
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
@@ -381,8 +396,12 @@ class Worker:
     def _flush(self) -> None:
         self._flush_scheduled = False
         out, self._outbox = self._outbox, []
+        releases, self._peer_releases = self._peer_releases, []
         try:
-            self.channel.send(messages.Responses(out))
+            if out:
+                self.channel.send(messages.Responses(out))
+            if releases:
+                self.channel.send(messages.Release(releases))
         except ConnectionError:
             pass
 

@@ -1,0 +1,207 @@
+"""Business Logic Scripting inside the worker: `InferenceRequest.exec()` / `async_exec()`.
+
+A BLS call is sent to the front process, which runs it through the core like
+any client request (any model, its scheduler, its instances). Responses come
+back as BlsResponses messages. Their tensors are read in place from the front
+process's arena, and each region is handed back once the numpy array that
+views it has been garbage collected ("output tensors are freed when dropped").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import weakref
+from typing import Optional
+
+import msgspec
+
+from backends.python import messages, wire
+from kernel import datatypes
+
+import triton_python_backend_utils as pb_utils
+
+
+class _Call:
+    """One BLS call in flight: where its responses go."""
+
+    __slots__ = ("decoupled", "sync_queue", "future", "collected", "done")
+
+    def __init__(self, decoupled: bool, blocking: bool, loop: asyncio.AbstractEventLoop):
+        self.decoupled = decoupled
+        self.sync_queue: Optional[queue.SimpleQueue] = queue.SimpleQueue() if blocking else None
+        self.future: Optional[asyncio.Future] = None if blocking else loop.create_future()
+        self.collected: list = []
+        self.done = False
+
+    def deliver(self, response, final: bool) -> None:
+        if self.sync_queue is not None:
+            self.sync_queue.put((response, final))
+            return
+        if not self.decoupled:
+            if not self.future.done():
+                self.future.set_result(response)
+            return
+        self.collected.append(response)
+        if final and not self.future.done():
+            self.future.set_result(self.collected)
+
+
+class ResponseIterator:
+    """The iterator `exec(decoupled=True)` returns; yields until the final response."""
+
+    def __init__(self, client: "BlsClient", key: int, call: _Call):
+        self._client = client
+        self._key = key
+        self._call = call
+        self._finished = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._finished:
+            raise StopIteration
+        response, final = self._call.sync_queue.get()
+        if final:
+            self._finished = True
+        return response
+
+    def cancel(self) -> None:
+        self._client.cancel(self._key)
+
+
+class BlsClient:
+    """Installed as `pb_utils._bls_handler` in the worker."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.calls: dict[int, _Call] = {}
+        self._keys = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # ---- pb_utils hook contract ----------------------------------------------
+
+    def exec(self, request, decoupled: bool):
+        loop = self.worker.loop
+        if _on_loop(loop):
+            raise pb_utils.TritonModelException(
+                "InferenceRequest.exec() would block the worker's event loop; "
+                "in an 'async def execute' use 'await request.async_exec()'"
+            )
+        key, call = self._new_call(decoupled, blocking=True)
+        loop.call_soon_threadsafe(self._send, key, request, decoupled, True)
+        if decoupled:
+            return ResponseIterator(self, key, call)
+        response, _ = call.sync_queue.get()
+        return response
+
+    async def async_exec(self, request, decoupled: bool):
+        key, call = self._new_call(decoupled, blocking=False)
+        self._send(key, request, decoupled, False)
+        result = await call.future
+        if decoupled:
+            return iter(result)
+        return result
+
+    def cancel(self, key: int) -> None:
+        self.worker.call_on_loop(self._send_cancel, key)
+
+    # ---- plumbing --------------------------------------------------------------
+
+    def _new_call(self, decoupled: bool, blocking: bool):
+        with self._lock:
+            key = next(self._keys)
+        call = _Call(decoupled, blocking, self.worker.loop)
+        self.calls[key] = call
+        return key, call
+
+    def _send(self, key: int, request, decoupled: bool, blocks: bool) -> None:
+        worker = self.worker
+        try:
+            inputs = [worker.pack_tensor(t) for t in request._inputs]
+        except Exception as exc:  # noqa: BLE001 - a bad tensor fails this call only
+            self.on_response(messages.Response(key, error=messages.Error("INVALID_ARG", str(exc))))
+            return
+        version = request._model_version
+        wire_request = messages.Request(
+            key,
+            request._request_id,
+            inputs,
+            list(request._requested_output_names),
+            request._correlation_id,
+            request._flags,
+            request._parameters or "{}",
+        )
+        worker.channel.send(
+            messages.BlsRequest(
+                request._model_name,
+                "" if version is None or version < 0 else str(version),
+                wire_request,
+                request._timeout,
+                decoupled,
+                blocks,
+            )
+        )
+
+    def _send_cancel(self, key: int) -> None:
+        if key in self.calls:
+            self.worker.channel.send(messages.BlsCancel(key))
+
+    def on_responses(self, responses: list[messages.Response]) -> None:
+        for r in responses:
+            self.on_response(r)
+
+    def on_response(self, r: messages.Response) -> None:
+        call = self.calls.get(r.key)
+        if call is None:
+            return
+        if r.final:
+            del self.calls[r.key]
+        if r.error is not None:
+            error = pb_utils.TritonError(r.error.message, _error_code(r.error.code))
+            response = pb_utils.InferenceResponse._server_side([], error=error)
+        else:
+            tensors = [self._tensor(t) for t in r.outputs]
+            response = pb_utils.InferenceResponse._server_side(tensors, parameters_json=r.parameters or "{}")
+        call.deliver(response, r.final)
+
+    def _tensor(self, t: messages.Tensor):
+        buffer = wire.view(t, self.worker.peer)
+        if t.datatype == "BYTES":
+            count = datatypes.element_count(t.shape)
+            arr = datatypes.deserialize_bytes(buffer, count)
+            array = _object_array(arr, t.shape)
+            self._release_now(t)
+            return pb_utils.Tensor._wrap(t.name, array, "BYTES")
+        dtype = datatypes.datatype_to_numpy(t.datatype) if t.datatype != "BF16" else datatypes.datatype_to_numpy("UINT16")
+        array = wire.numeric_array(buffer, dtype, t.shape, writable=True)
+        if t.data is None:
+            # Region of the front's arena: give it back when the model drops the array.
+            weakref.finalize(array, self.worker.call_on_loop, self.worker.release_peer_region, t.segment, t.offset)
+        return pb_utils.Tensor._wrap(t.name, array, t.datatype)
+
+    def _release_now(self, t: messages.Tensor) -> None:
+        if t.data is None:
+            self.worker.release_peer_region(t.segment, t.offset)
+
+
+def _object_array(items: list, shape):
+    import numpy as np
+
+    arr = np.empty(len(items), dtype=np.object_)
+    arr[:] = items
+    return arr.reshape(shape)
+
+
+def _error_code(name: str) -> int:
+    return getattr(pb_utils.TritonError, name, pb_utils.TritonError.INTERNAL)
+
+
+def _on_loop(loop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False

@@ -1,0 +1,297 @@
+"""KServe v2 gRPC messages <-> core requests and responses.
+
+Nothing here knows which gRPC server library carries the messages: the
+functions take and return google-protobuf (upb) message objects and raise
+KernelError, which each binding turns into a gRPC status with `STATUS_CODES`.
+
+Tensor data is passed through in wire form: `raw_input_contents` entries
+already have the layout the core keeps (little-endian, BYTES elements with a
+4-byte length prefix), so they become InferTensor.raw untouched, and output
+bytes go straight into `raw_output_contents`. Only the typed `contents` lists
+(used by hand-written clients, never by tritonclient) are converted.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Optional
+
+import numpy as np
+
+from kernel import datatypes
+from kernel.errors import ErrorCode, KernelError
+from kernel.request import (
+    REQUEST_FLAG_SEQUENCE_END,
+    REQUEST_FLAG_SEQUENCE_START,
+    InferRequest,
+    InferResponse,
+    InferTensor,
+    RequestedOutput,
+)
+from transports.grpc.protos import grpc_service_pb2 as pb
+
+# gRPC status codes (the numbers are part of the gRPC protocol).
+OK = 0
+CANCELLED = 1
+UNKNOWN = 2
+INVALID_ARGUMENT = 3
+DEADLINE_EXCEEDED = 4
+NOT_FOUND = 5
+ALREADY_EXISTS = 6
+UNIMPLEMENTED = 12
+INTERNAL = 13
+UNAVAILABLE = 14
+
+# Triton's mapping from error category to gRPC status.
+STATUS_CODES = {
+    ErrorCode.UNKNOWN: UNKNOWN,
+    ErrorCode.INTERNAL: INTERNAL,
+    ErrorCode.NOT_FOUND: NOT_FOUND,
+    ErrorCode.INVALID_ARG: INVALID_ARGUMENT,
+    ErrorCode.UNAVAILABLE: UNAVAILABLE,
+    ErrorCode.UNSUPPORTED: UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: ALREADY_EXISTS,
+    ErrorCode.CANCELLED: CANCELLED,
+}
+
+
+def status_code(error: KernelError) -> int:
+    return STATUS_CODES.get(error.code, UNKNOWN)
+
+
+def _bad(message: str) -> KernelError:
+    return KernelError(ErrorCode.INVALID_ARG, message)
+
+
+# ---------------------------------------------------------------- versions
+
+
+def check_version(version: str) -> None:
+    """Refuse a model version string the way tritonserver's gRPC endpoint does."""
+    if not version:
+        return
+    try:
+        number = int(version)
+    except ValueError:
+        raise _bad(
+            f"failed to get model version from specified version string '{version}' "
+            "(details: stol), version should be an integral value > 0"
+        ) from None
+    if number < 0:
+        raise _bad(f"invalid model version specified '{version}' , version should be an integral value > 0")
+
+
+# ---------------------------------------------------------------- parameters
+
+
+def _param_value(key: str, p) -> object:
+    """A request parameter as the model sees it (Python value in request.parameters())."""
+    kind = p.WhichOneof("parameter_choice")
+    if kind == "int64_param":
+        return p.int64_param
+    if kind == "bool_param":
+        return p.bool_param
+    if kind == "string_param":
+        return p.string_param
+    if kind == "double_param":
+        return p.double_param
+    raise _bad(f"invalid value type for '{key}' parameter, expected int64_param, bool_param, or string_param.")
+
+
+# Request parameter keys starting with "triton_" that clients may use.
+RESERVED_TRITON_PARAMS = ("triton_enable_empty_final_response",)
+
+
+def _apply_parameters(request: InferRequest, params) -> bool:
+    """Move control parameters onto the request; returns the empty-final-response choice."""
+    model_params = request.parameters
+    flags = 0
+    empty_final = False
+    for key, p in params.items():
+        if key == "sequence_id":
+            kind = p.WhichOneof("parameter_choice")
+            if kind == "int64_param":
+                request.correlation_id = p.int64_param
+            elif kind == "string_param":
+                request.correlation_id = p.string_param
+            else:
+                raise _bad("invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
+        elif key == "sequence_start" or key == "sequence_end":
+            if p.WhichOneof("parameter_choice") != "bool_param":
+                raise _bad(f"invalid value type for '{key}' parameter, expected bool_param.")
+            if p.bool_param:
+                flags |= REQUEST_FLAG_SEQUENCE_START if key == "sequence_start" else REQUEST_FLAG_SEQUENCE_END
+        elif key == "priority":
+            kind = p.WhichOneof("parameter_choice")
+            if kind == "int64_param":
+                if p.int64_param < 0:
+                    raise _bad("invalid value for 'priority', expected value >= 0.")
+                request.priority = p.int64_param
+            elif kind == "uint64_param":
+                request.priority = p.uint64_param
+            else:
+                raise _bad("invalid value type for 'priority' parameter, expected int64_param or uint64_param.")
+        elif key == "timeout":
+            if p.WhichOneof("parameter_choice") != "int64_param":
+                raise _bad("invalid value type for 'timeout' parameter, expected int64_param.")
+            request.timeout_us = p.int64_param
+        elif key.startswith("triton_"):
+            if key not in RESERVED_TRITON_PARAMS:
+                raise _bad(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+                    "following keys starting with 'triton_' are allowed: " + " ".join(RESERVED_TRITON_PARAMS)
+                )
+            if p.WhichOneof("parameter_choice") != "bool_param":
+                raise _bad(f"invalid value type for '{key}' parameter, expected bool_param.")
+            empty_final = p.bool_param
+        else:
+            model_params[key] = _param_value(key, p)
+    request.flags = flags
+    return empty_final
+
+
+def set_parameters(target, params: dict) -> None:
+    """Fill a protobuf `map<string, InferParameter>` from a dict of Python values."""
+    for key, value in params.items():
+        p = target[key]
+        if isinstance(value, bool):
+            p.bool_param = value
+        elif isinstance(value, int):
+            if value >= 1 << 63:
+                p.uint64_param = value
+            else:
+                p.int64_param = value
+        elif isinstance(value, float):
+            p.double_param = value
+        else:
+            p.string_param = str(value)
+
+
+# ---------------------------------------------------------------- typed contents
+
+# contents field -> (datatype it carries natively, numpy dtype of the list)
+_CONTENTS_FIELDS = (
+    ("bool_contents", "BOOL"),
+    ("int_contents", "INT32"),
+    ("int64_contents", "INT64"),
+    ("uint_contents", "UINT32"),
+    ("uint64_contents", "UINT64"),
+    ("fp32_contents", "FP32"),
+    ("fp64_contents", "FP64"),
+    ("bytes_contents", "BYTES"),
+)
+
+# Narrow integer types travel in the 32-bit lists.
+_NARROWED = {"int_contents": ("INT8", "INT16"), "uint_contents": ("UINT8", "UINT16")}
+
+_LEN = struct.Struct("<I").pack
+
+
+def _contents_tensor(io, model_name: str) -> InferTensor:
+    datatype = io.datatype
+    contents = io.contents
+    raw: Optional[bytes] = None
+    for field, native in _CONTENTS_FIELDS:
+        values = getattr(contents, field)
+        if not values:
+            continue
+        carried = native
+        if datatype in _NARROWED.get(field, ()):
+            carried = datatype
+        if raw is not None:
+            raise _bad(
+                f"unexpected explicit tensor data for input tensor '{io.name}' for model '{model_name}', "
+                "binary data was already supplied."
+            )
+        if carried != datatype:
+            raise _bad(
+                f"unexpected explicit tensor data for input tensor '{io.name}' for model '{model_name}' of type "
+                f"'{carried}', expected datatype '{datatype}'"
+            )
+        if native == "BYTES":
+            raw = b"".join(_LEN(len(v)) + v for v in values)
+        else:
+            raw = np.array(values, dtype=datatypes.datatype_to_numpy(native)).astype(
+                datatypes.datatype_to_numpy(carried), copy=False
+            ).tobytes()
+    return InferTensor(io.name, datatype, io.shape, raw=b"" if raw is None else raw)
+
+
+def _check_tensor_parameters(io, model_name: str, what: str) -> None:
+    for key in io.parameters:
+        if key.startswith("shared_memory_"):
+            raise KernelError(
+                ErrorCode.UNSUPPORTED,
+                f"{what} '{io.name}' for model '{model_name}' uses shared memory, "
+                "which Kernel does not support yet",
+            )
+
+
+# ---------------------------------------------------------------- requests
+
+
+def parse_infer_request(msg) -> tuple[InferRequest, bool]:
+    """ModelInferRequest -> (core request, whether an empty final response was asked for)."""
+    model_name = msg.model_name
+    raw_contents = msg.raw_input_contents
+    n_raw = len(raw_contents)
+    tensors = []
+    index = 0
+    for io in msg.inputs:
+        if io.parameters:
+            _check_tensor_parameters(io, model_name, "input")
+        if io.HasField("contents"):
+            if n_raw:
+                raise _bad(
+                    f"contents field must not be specified when using raw_input_contents for '{io.name}' "
+                    f"for model '{model_name}'"
+                )
+            tensors.append(_contents_tensor(io, model_name))
+        elif index < n_raw:
+            tensors.append(InferTensor(io.name, io.datatype, io.shape, raw=raw_contents[index]))
+            index += 1
+        else:
+            raise _bad(f"unable to find data for input tensor '{io.name}' for model '{model_name}' in request.")
+    outputs = None
+    if msg.outputs:
+        outputs = []
+        for o in msg.outputs:
+            oparams = None
+            if o.parameters:
+                _check_tensor_parameters(o, model_name, "output")
+                if "classification" in o.parameters:
+                    raise KernelError(
+                        ErrorCode.UNSUPPORTED,
+                        f"the 'classification' parameter of output '{o.name}' is not supported by Kernel yet",
+                    )
+                oparams = {k: _param_value(k, v) for k, v in o.parameters.items()}
+            outputs.append(RequestedOutput(o.name, oparams))
+    request = InferRequest(model_name, msg.model_version, msg.id, tensors, outputs)
+    empty_final = False
+    if msg.parameters:
+        empty_final = _apply_parameters(request, msg.parameters)
+    return request, empty_final
+
+
+# ---------------------------------------------------------------- responses
+
+def fill_infer_response(msg, response: InferResponse) -> None:
+    """Write a successful core response into an empty ModelInferResponse.
+
+    Every output goes out as raw contents, as tritonserver sends them; the
+    message is filled in place so a stream response needs no extra copy.
+    """
+    msg.model_name = response.model_name
+    msg.model_version = response.model_version
+    msg.id = response.id
+    outputs = response.outputs
+    if outputs:
+        add = msg.outputs.add
+        raws = []
+        for t in outputs:
+            add(name=t.name, datatype=t.datatype, shape=t.shape)
+            raw = t.raw
+            raws.append(raw if type(raw) is bytes else bytes(raw))
+        msg.raw_output_contents.extend(raws)
+    if response.parameters:
+        set_parameters(msg.parameters, response.parameters)
