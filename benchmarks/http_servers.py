@@ -281,7 +281,9 @@ def main(argv=None) -> int:
     try:
         for n in names:
             print(f"measuring {n} ...", file=sys.stderr, flush=True)
+            load = os.getloadavg()[0]
             results[n] = run_one(n, args, lua_path)
+            results[n]["loadavg_1m"] = load
     finally:
         os.unlink(lua_path)
 
@@ -304,7 +306,10 @@ def main(argv=None) -> int:
     header = (
         f"POST of a {len(REQUEST_BODY)}-byte JSON body, {len(RESPONSE_BODY)}-byte JSON response; "
         f"`wrk -t1 -c{args.connections} -d{args.duration}s` (after a 1 s warm-up), loopback, one server "
-        f"process, {pinning}; {os.cpu_count()} CPUs.  \n{versions()}."
+        f"process, {pinning}; {os.cpu_count()} CPUs; 1-min load average before each run: "
+        + ", ".join(f"{r['loadavg_1m']:.2f}" for r in results.values())
+        + " (the box is shared; higher means other work competed).  \n"
+        f"{versions()}."
     )
     table = "\n".join(lines)
     print(table)

@@ -96,17 +96,28 @@ def pids_in_group(pgid: int) -> list[int]:
     return out
 
 
-def kill_group(pgid: int, grace: float = 15.0) -> None:
-    """SIGTERM a process group (a server and its model stubs/workers), SIGKILL what is left."""
+def kill_group(pgid: int, leader: int | None = None, grace: float = 15.0) -> None:
+    """Stop a server started in its own session: SIGTERM its main process first so it can shut its
+    model stubs/workers down itself, then SIGTERM whatever is left in the group, then SIGKILL."""
+    if leader is not None and leader in pids_in_group(pgid):
+        try:
+            os.kill(leader, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and leader in pids_in_group(pgid):
+            time.sleep(0.05)
+    if not pids_in_group(pgid):
+        return
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
         if not pids_in_group(pgid):
             return
-        time.sleep(0.1)
+        time.sleep(0.05)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
@@ -124,6 +135,7 @@ class Server:
     metrics_port: int
     log: Path
     pgid: int | None = None
+    main_pid: int | None = None
     popen: subprocess.Popen | None = None
     metadata: dict = field(default_factory=dict)
     startup_s: float | None = None
@@ -150,7 +162,7 @@ class Server:
 
     def stop(self) -> None:
         if self.pgid is not None:
-            kill_group(self.pgid)
+            kill_group(self.pgid, self.main_pid)
             self.pgid = None
         if self.popen is not None:
             try:
@@ -193,6 +205,10 @@ def start_triton(repo: Path, ports: list[int], out: Path) -> Server:
     if proc.returncode != 0:
         srv.stop()
         raise BenchError(f"real Triton failed to start: {stderr.strip()}\n{log_tail(srv.log)}")
+    try:
+        srv.main_pid = int(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        srv.main_pid = None
     srv.startup_s = time.monotonic() - t0
     srv.fetch_metadata()
     return srv
@@ -238,7 +254,7 @@ def start_kernel(args, repo: Path, ports: list[int], out: Path) -> tuple[Server,
         )
     finally:
         logf.close()
-    srv.pgid = srv.popen.pid
+    srv.pgid = srv.main_pid = srv.popen.pid
     deadline = t0 + args.kernel_start_timeout
     while True:
         if srv.ready():
@@ -657,6 +673,12 @@ def main(argv=None) -> int:
         + (f"; {args.rounds} alternating rounds, median round shown." if args.rounds > 1 else "."),
         "; ".join(sides),
     ]
+    loads = [p.loadavg_1m for p in triton_pts + kernel_pts if p.loadavg_1m is not None]
+    if loads:
+        notes.append(
+            f"1-min load average when points started: {min(loads):.2f}-{max(loads):.2f} "
+            "(the box is shared; ~1 is this benchmark itself, more means other work was competing)."
+        )
     if failure:
         notes.append(f"FAILED: {failure} (server logs in `{out}`)")
     if any(p.stable is False for p in triton_pts + kernel_pts):

@@ -39,6 +39,10 @@ class BackendInstance(abc.ABC):
     def in_flight(self) -> int:
         """Requests handed to this instance that have not had their final response."""
 
+    async def check_ready(self) -> tuple[bool, str]:
+        """(ready, reason). Backends whose models can report readiness override this."""
+        return self.healthy, "" if self.healthy else f"instance '{self.name}' is not healthy"
+
     @abc.abstractmethod
     def submit(self, requests: list[InferRequest]) -> None:
         """Execute these requests; responses go to each request's on_response."""

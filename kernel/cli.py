@@ -154,8 +154,12 @@ def build_server(args) -> Server:
         log_verbose=args.log_verbose,
     )
     backends = {}
+    log_settings = {
+        "verbose": args.log_verbose, "info": args.log_info, "warning": args.log_warning,
+        "error": args.log_error, "format": args.log_format,
+    }
     for name, target in BACKENDS.items():
-        backends[name] = _load(target)(backend_config.get(name, {}), log_verbose=args.log_verbose)
+        backends[name] = _load(target)(backend_config.get(name, {}), log_settings)
     server = Server(options, backends)
     if args.allow_http:
         server.transports.append(

@@ -323,6 +323,8 @@ _PLATFORMS_FOR_BACKEND = {
     "onnxruntime": {"onnxruntime_onnx"},
     "pytorch": {"pytorch_libtorch", "torch_aoti"},
 }
+# Backend -> the platform Triton fills in when only the backend is given.
+_PLATFORM_FOR_BACKEND = {"tensorrt": "tensorrt_plan", "onnxruntime": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
 _DEFAULT_FILENAME_FOR_PLATFORM = {
     "tensorflow_savedmodel": "model.savedmodel",
     "tensorflow_graphdef": "model.graphdef",
@@ -391,6 +393,8 @@ def _complete_backend_fields(cfg: ModelConfig, model_name: str, model_path: Path
     if not cfg.backend and cfg.platform in _BACKEND_FOR_PLATFORM:
         cfg.backend = _BACKEND_FOR_PLATFORM[cfg.platform]
     if cfg.backend in _PLATFORMS_FOR_BACKEND:
+        if not cfg.platform and cfg.backend in _PLATFORM_FOR_BACKEND:
+            cfg.platform = _PLATFORM_FOR_BACKEND[cfg.backend]
         if not cfg.default_model_filename and cfg.platform in _DEFAULT_FILENAME_FOR_PLATFORM:
             cfg.default_model_filename = _DEFAULT_FILENAME_FOR_PLATFORM[cfg.platform]
         return
@@ -732,10 +736,25 @@ def _validate_ensemble(cfg: ModelConfig) -> None:
         if io.name not in known:
             raise _invalid(f"ensemble output '{io.name}' for ensemble {name}' is not used")
         if io.name not in ready:
-            raise _invalid(f"output '{io.name}' for ensemble '{name}' is not written")
+            raise _invalid(_not_written_message(io.name, name, producers, ready))
     for tensor in sorted(known - outputs):
         if tensor not in ready or tensor not in consumed:
             raise _invalid(f"ensemble tensor '{tensor}' is unused in ensemble '{name}'")
+
+
+def _not_written_message(output: str, ensemble: str, producers: dict[str, set[str]], ready: set[str]) -> str:
+    """Name the upstream tensor that nothing feeds, following unready inputs back."""
+    node, seen = output, {output}
+    while True:
+        upstream = next((t for t in sorted(producers.get(node, ())) if t not in ready and t not in seen), None)
+        if upstream is None:
+            break
+        seen.add(upstream)
+        node = upstream
+    message = f"output '{output}' for ensemble '{ensemble}' is not written"
+    if node != output:
+        message += f": at least one of its depending tensors, '{node}', is not connected"
+    return message
 
 
 def _validate_instance_groups(cfg: ModelConfig, gpus: Sequence[int]) -> None:

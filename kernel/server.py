@@ -77,11 +77,16 @@ class Server:
     def model(self, name: str, version: str = "") -> Model:
         return self.registry.get(name, version)
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        """Loaded, with a live instance whose model (if it has is_ready) says it is ready."""
         try:
-            return self.registry.get(name, version).ready
+            model = self.registry.get(name, version)
         except KernelError:
             return False
+        if not model.ready:
+            return False
+        results = await asyncio.gather(*(inst.check_ready() for inst in model.instances))
+        return any(ok for ok, _ in results)
 
     def model_metadata(self, name: str, version: str = "") -> dict:
         model = self.registry.get(name, version)

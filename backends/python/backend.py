@@ -10,6 +10,7 @@ import sys
 from typing import Optional
 
 from backends.python.instance import _REPO_ROOT, WorkerInstance, WorkerSettings
+from backends.python.messages import LogSettings
 from kernel.backend import Backend, BackendInstance, ModelSource
 from kernel.errors import ErrorCode, KernelError
 
@@ -27,8 +28,8 @@ _SETTINGS = {
 _ACCEPTED = {"shm-region-prefix-name", "default-max-batch-size"}
 
 
-def settings_from_backend_config(values: dict[str, str], log_verbose: int = 0) -> WorkerSettings:
-    kwargs = {"log_verbose": log_verbose}
+def settings_from_backend_config(values: dict[str, str], log: Optional[LogSettings] = None) -> WorkerSettings:
+    kwargs: dict = {"log": log or LogSettings()}
     for key, value in values.items():
         if key in _SETTINGS:
             field, parse = _SETTINGS[key]
@@ -46,8 +47,9 @@ def settings_from_backend_config(values: dict[str, str], log_verbose: int = 0) -
 class PythonBackend(Backend):
     name = "python"
 
-    def __init__(self, backend_config: Optional[dict[str, str]] = None, log_verbose: int = 0):
-        self.settings = settings_from_backend_config(backend_config or {}, log_verbose)
+    def __init__(self, backend_config: Optional[dict[str, str]] = None, log: Optional[dict] = None):
+        """log: the server's log settings (verbose, info, warning, error, format), mirrored in workers."""
+        self.settings = settings_from_backend_config(backend_config or {}, LogSettings(**(log or {})))
         self._restarting: set[str] = set()
 
     async def auto_complete(self, source: ModelSource) -> Optional[dict]:

@@ -36,7 +36,8 @@ class WorkerSettings(msgspec.Struct, frozen=True):
     shm_default_byte_size: int = 64 * 1024 * 1024
     shm_growth_byte_size: int = 64 * 1024 * 1024
     stub_timeout_seconds: float = 30.0
-    log_verbose: int = 0
+    is_ready_timeout_seconds: float = 5.0
+    log: messages.LogSettings = messages.LogSettings()
 
 
 class WorkerInstance(BackendInstance):
@@ -76,6 +77,8 @@ class WorkerInstance(BackendInstance):
         self._keys = itertools.count(1)
         self._ready: Optional[asyncio.Future] = None
         self._exited: Optional[asyncio.Future] = None
+        self._has_is_ready = False
+        self._ready_checks: dict[int, asyncio.Future] = {}
 
     # ---- lifecycle -----------------------------------------------------
 
@@ -121,7 +124,7 @@ class WorkerInstance(BackendInstance):
             lambda: MessageChannel(messages.ToFront, self._on_message, self._on_lost), sock=front
         )
         asyncio.ensure_future(self._watch_process(self.process))
-        self.channel.send(messages.Initialize(self._initialize_args(), self.settings.log_verbose))
+        self.channel.send(messages.Initialize(self._initialize_args(), self.settings.log))
         try:
             error = await asyncio.wait_for(asyncio.shield(self._ready), self.settings.stub_timeout_seconds)
         except asyncio.TimeoutError:
@@ -205,6 +208,25 @@ class WorkerInstance(BackendInstance):
         if self.channel is not None and self.channel.transport is not None:
             self.channel.transport.close()
 
+    async def check_ready(self) -> tuple[bool, str]:
+        """Healthy, and the model's own is_ready() (when it has one) says so."""
+        if not self.healthy:
+            return False, f"Stub process '{self.name}' is not healthy."
+        if not self._has_is_ready:
+            return True, ""
+        key = next(self._keys)
+        fut = asyncio.get_running_loop().create_future()
+        self._ready_checks[key] = fut
+        self.channel.send(messages.CheckReady(key))
+        try:
+            ready, reason = await asyncio.wait_for(fut, self.settings.is_ready_timeout_seconds)
+        except asyncio.TimeoutError:
+            self._ready_checks.pop(key, None)
+            ready, reason = False, f"is_ready() did not answer within {self.settings.is_ready_timeout_seconds:g} s"
+        if not ready:
+            log.warning("model instance '%s' is not ready: %s", self.name, reason)
+        return ready, reason
+
     # ---- request path ----------------------------------------------------
 
     @property
@@ -263,7 +285,12 @@ class WorkerInstance(BackendInstance):
         elif type(msg) is messages.Release:
             for seg, off in msg.regions:
                 self._arena.free(seg, off)
+        elif type(msg) is messages.ReadyResult:
+            fut = self._ready_checks.pop(msg.key, None)
+            if fut is not None and not fut.done():
+                fut.set_result((msg.ready, msg.reason))
         elif type(msg) is messages.Ready:
+            self._has_is_ready = msg.has_is_ready
             if not self._ready.done():
                 self._ready.set_result(msg.error)
         elif type(msg) is messages.Finalized:

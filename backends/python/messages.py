@@ -50,9 +50,23 @@ class Response(msgspec.Struct, array_like=True, omit_defaults=True):
 # front -> worker
 
 
+class LogSettings(msgspec.Struct, array_like=True, frozen=True):
+    verbose: int = 0
+    info: bool = True
+    warning: bool = True
+    error: bool = True
+    format: str = "default"
+
+
 class Initialize(msgspec.Struct, tag="init", array_like=True):
     args: dict[str, str]
-    log_verbose: int = 0
+    log: LogSettings = LogSettings()
+
+
+class CheckReady(msgspec.Struct, tag="check_ready", array_like=True):
+    """Ask the model's own is_ready(); answered with ReadyResult(key)."""
+
+    key: int
 
 
 class Execute(msgspec.Struct, tag="exec", array_like=True):
@@ -81,6 +95,13 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
 
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     error: Optional[str] = None
+    has_is_ready: bool = False  # the model defines is_ready()
+
+
+class ReadyResult(msgspec.Struct, tag="ready_result", array_like=True):
+    key: int
+    ready: bool
+    reason: str = ""
 
 
 class Responses(msgspec.Struct, tag="responses", array_like=True):
@@ -118,5 +139,5 @@ class SegmentAdded(msgspec.Struct, tag="segment", array_like=True):
     size: int
 
 
-ToWorker = Union[Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, BlsResponses]
-ToFront = Union[Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release]
+ToWorker = Union[Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, BlsResponses, CheckReady]
+ToFront = Union[Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult]

@@ -166,6 +166,8 @@ class Worker:
         elif kind is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, 1)
             self.peer.add(msg.segment, fds[0], msg.size)
+        elif kind is messages.CheckReady:
+            asyncio.ensure_future(self.check_ready(msg.key))
         elif kind is messages.Initialize:
             asyncio.ensure_future(self.initialize(msg))
         elif kind is messages.Shutdown:
@@ -175,7 +177,11 @@ class Worker:
 
     async def initialize(self, msg: messages.Initialize) -> None:
         args = msg.args
-        pb_utils._set_log_verbosity(msg.log_verbose)
+        log = msg.log
+        pb_utils._configure_logging(
+            verbose=log.verbose, info=log.info, warning=log.warning, error=log.error, log_format=log.format
+        )
+        pb_utils._set_model_dir(str(Path(self.model_file).parent))
         try:
             config = json.loads(args["model_config"])
             self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
@@ -196,7 +202,24 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - any failure is reported to the front
             self.channel.send(messages.Ready(f"Failed to initialize Python stub: {_format_exception(exc)}"))
             return
-        self.channel.send(messages.Ready(None))
+        self.channel.send(messages.Ready(None, has_is_ready=callable(getattr(self.model, "is_ready", None))))
+
+    async def check_ready(self, key: int) -> None:
+        """Run the model's is_ready(): False, an exception or a non-bool means not ready."""
+        hook = self.model.is_ready
+        try:
+            if inspect.iscoroutinefunction(hook):
+                result = await hook()
+            else:
+                # Not on the execute thread: a busy model still answers readiness.
+                result = await self.loop.run_in_executor(None, hook)
+            if not isinstance(result, bool):
+                ready, reason = False, f"is_ready() returned {type(result).__name__}, expected bool"
+            else:
+                ready, reason = result, "" if result else "is_ready() returned False"
+        except BaseException as exc:  # noqa: BLE001
+            ready, reason = False, f"is_ready() raised {_format_exception(exc)}"
+        self.channel.send(messages.ReadyResult(key, ready, reason))
 
     async def shutdown(self) -> None:
         error = None

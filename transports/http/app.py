@@ -102,7 +102,7 @@ class HttpApp:
             await _json(send, 200, self.server.model_metadata(name, version))
         elif action == "ready":
             self._require(method, "GET")
-            ready = self.server.model_ready(name, version)
+            ready = await self.server.model_ready(name, version)
             await _status_only(send, 200 if ready else 400)
         elif action == "config":
             self._require(method, "GET")

@@ -1,0 +1,169 @@
+"""GRPCInferenceService bound to grpclib (pure-Python HTTP/2 on the front process's loop).
+
+The handlers are written by hand from the service definition rather than
+generated: each is a few lines that read one message, call InferenceService,
+and map a KernelError onto the gRPC status Triton would send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Optional
+
+from google.protobuf.message import DecodeError
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Server as _GrpclibServer
+
+from kernel.errors import KernelError
+from transports.grpc import codec
+from transports.grpc.protos import grpc_service_pb2 as pb
+from transports.grpc.service import SERVICE, InferenceService, StreamError
+
+log = logging.getLogger("kernel.grpc")
+
+# rpc name -> (request type, response type); ModelInfer and ModelStreamInfer are bound separately.
+UNARY_RPCS = {
+    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
+    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
+    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
+    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+    "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
+    "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
+    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
+    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
+    "SystemSharedMemoryStatus": (pb.SystemSharedMemoryStatusRequest, pb.SystemSharedMemoryStatusResponse),
+    "SystemSharedMemoryRegister": (pb.SystemSharedMemoryRegisterRequest, pb.SystemSharedMemoryRegisterResponse),
+    "SystemSharedMemoryUnregister": (pb.SystemSharedMemoryUnregisterRequest, pb.SystemSharedMemoryUnregisterResponse),
+    "CudaSharedMemoryStatus": (pb.CudaSharedMemoryStatusRequest, pb.CudaSharedMemoryStatusResponse),
+    "CudaSharedMemoryRegister": (pb.CudaSharedMemoryRegisterRequest, pb.CudaSharedMemoryRegisterResponse),
+    "CudaSharedMemoryUnregister": (pb.CudaSharedMemoryUnregisterRequest, pb.CudaSharedMemoryUnregisterResponse),
+    "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse),
+    "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
+}
+
+
+def _grpc_error(exc: KernelError) -> GRPCError:
+    return GRPCError(Status(codec.status_code(exc)), exc.message)
+
+
+def _internal(exc: Exception) -> GRPCError:
+    log.exception("unexpected error in a gRPC handler")
+    return GRPCError(Status.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+async def _recv(stream):
+    try:
+        return await stream.recv_message()
+    except DecodeError as exc:
+        raise GRPCError(Status.INTERNAL, f"failed to parse the request message: {exc}") from None
+
+
+class _Codec:
+    """grpclib codec without the per-message isinstance check of its default one."""
+
+    __content_subtype__ = "proto"
+
+    @staticmethod
+    def encode(message, message_type) -> bytes:
+        return message.SerializeToString()
+
+    @staticmethod
+    def decode(data: bytes, message_type):
+        return message_type.FromString(data)
+
+
+class GrpclibBinding:
+    """grpclib's `IServable` for GRPCInferenceService."""
+
+    def __init__(self, service: InferenceService):
+        self.service = service
+
+    def __mapping__(self) -> dict[str, Handler]:
+        mapping = {}
+        for name, (req, resp) in UNARY_RPCS.items():
+            mapping[f"/{SERVICE}/{name}"] = Handler(
+                self._unary(getattr(self.service, name)), Cardinality.UNARY_UNARY, req, resp
+            )
+        mapping[f"/{SERVICE}/ModelInfer"] = Handler(
+            self._model_infer, Cardinality.UNARY_UNARY, pb.ModelInferRequest, pb.ModelInferResponse
+        )
+        mapping[f"/{SERVICE}/ModelStreamInfer"] = Handler(
+            self._model_stream_infer, Cardinality.STREAM_STREAM, pb.ModelInferRequest, pb.ModelStreamInferResponse
+        )
+        return mapping
+
+    @staticmethod
+    def _unary(method):
+        async def handle(stream) -> None:
+            msg = await _recv(stream)
+            try:
+                response = method(msg)
+            except KernelError as exc:
+                raise _grpc_error(exc) from None
+            except Exception as exc:  # noqa: BLE001
+                raise _internal(exc) from None
+            await stream.send_message(response)
+
+        return handle
+
+    async def _model_infer(self, stream) -> None:
+        msg = await _recv(stream)
+        try:
+            response = await self.service.ModelInfer(msg)
+        except KernelError as exc:
+            raise _grpc_error(exc) from None
+        except Exception as exc:  # noqa: BLE001
+            raise _internal(exc) from None
+        await stream.send_message(response)
+
+    async def _model_stream_infer(self, stream) -> None:
+        metadata = stream.metadata or {}
+        grpc_error_mode = metadata.get("triton_grpc_error") == "true"
+        session = self.service.stream_session(stream.send_message, grpc_error_mode)
+        try:
+            await session.run(_messages(stream))
+        except StreamError as exc:
+            raise GRPCError(Status(exc.code), exc.message) from None
+
+
+async def _messages(stream):
+    while True:
+        msg = await _recv(stream)
+        if msg is None:
+            return
+        yield msg
+
+
+class GrpclibServer:
+    """Owns the grpclib Server: listen, and stop gracefully."""
+
+    def __init__(self, service: InferenceService, config=None):
+        from grpclib.config import Configuration
+
+        self.service = service
+        self.server = _GrpclibServer([GrpclibBinding(service)], codec=_Codec(), config=config or Configuration())
+
+    async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
+        await self.server.start(address, port, ssl=ssl_context, reuse_address=True)
+
+    def bound_port(self) -> Optional[int]:
+        srv = self.server._server
+        if srv is None or not srv.sockets:
+            return None
+        return srv.sockets[0].getsockname()[1]
+
+    async def stop(self, grace: float) -> None:
+        # Stop accepting connections, let in-flight inference finish, then close.
+        if self.server._server is not None:
+            self.server._server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self.service.busy() and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        self.server.close()
+        await self.server.wait_closed()

@@ -1,0 +1,1 @@
+"""Generated protobuf modules for the gRPC API (run scripts/gen_protos.py after editing the .proto)."""

@@ -1,0 +1,161 @@
+"""The gRPC endpoint: GRPCInferenceService on the front process's event loop.
+
+grpclib serves it by default. The RPC logic lives in service.py and knows
+nothing of the server library, so another binding (grpcio's asyncio server,
+kept for measurement in grpcio_server.py) can be chosen with
+`GrpcOptions(server_library="grpcio")`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Optional
+
+from kernel.server import Server
+from kernel.transport import Transport
+from transports.grpc.service import InferenceService
+
+log = logging.getLogger("kernel.grpc")
+
+SERVER_LIBRARIES = ("grpclib", "grpcio")
+
+
+@dataclass
+class GrpcOptions:
+    """tritonserver's --grpc-* settings (times in milliseconds, as on its command line)."""
+
+    keepalive_time_ms: int = 7_200_000
+    keepalive_timeout_ms: int = 20_000
+    keepalive_permit_without_calls: bool = False
+    http2_max_pings_without_data: int = 2
+    # Triton keeps this many request/response objects for reuse; Kernel allocates
+    # per request, so the value is accepted and only validated.
+    infer_allocation_pool_size: int = 8
+    use_ssl: bool = False
+    use_ssl_mutual: bool = False  # implies use_ssl, as in tritonserver
+    server_cert: str = ""
+    server_key: str = ""
+    root_cert: str = ""
+    # Kernel only: which gRPC server library carries the service.
+    server_library: str = "grpclib"
+
+    def __post_init__(self) -> None:
+        if self.server_library not in SERVER_LIBRARIES:
+            raise ValueError(
+                f"unknown gRPC server library '{self.server_library}' (choose from {', '.join(SERVER_LIBRARIES)})"
+            )
+        if self.keepalive_time_ms <= 0 or self.keepalive_timeout_ms <= 0:
+            raise ValueError("--grpc-keepalive-time and --grpc-keepalive-timeout must be positive")
+        if self.http2_max_pings_without_data < 0:
+            raise ValueError("--grpc-http2-max-pings-without-data must be >= 0")
+        if self.infer_allocation_pool_size < 0:
+            raise ValueError("--grpc-infer-allocation-pool-size must be >= 0")
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return self.use_ssl or self.use_ssl_mutual
+
+    @classmethod
+    def from_args(cls, args) -> "GrpcOptions":
+        """Build from an argparse namespace holding `grpc_<field>` attributes (missing ones keep defaults)."""
+        names = {
+            "keepalive_time_ms": "grpc_keepalive_time",
+            "keepalive_timeout_ms": "grpc_keepalive_timeout",
+            "keepalive_permit_without_calls": "grpc_keepalive_permit_without_calls",
+            "http2_max_pings_without_data": "grpc_http2_max_pings_without_data",
+            "infer_allocation_pool_size": "grpc_infer_allocation_pool_size",
+            "use_ssl": "grpc_use_ssl",
+            "use_ssl_mutual": "grpc_use_ssl_mutual",
+            "server_cert": "grpc_server_cert",
+            "server_key": "grpc_server_key",
+            "root_cert": "grpc_root_cert",
+            "server_library": "grpc_server",
+        }
+        values = {}
+        for field, attr in names.items():
+            value = getattr(args, attr, None)
+            if value is not None:
+                values[field] = value
+        return cls(**values)
+
+    def ssl_context(self) -> Optional[ssl.SSLContext]:
+        """The TLS context for the listening socket, or None for plaintext.
+
+        Raises OSError (ssl.SSLError, FileNotFoundError) for unusable files, so
+        `kernel serve` fails at start-up as tritonserver does.
+        """
+        if not self.ssl_enabled:
+            return None
+        if not self.server_cert or not self.server_key:
+            raise OSError("--grpc-use-ssl requires --grpc-server-cert and --grpc-server-key")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(self.server_cert, self.server_key)
+        if self.root_cert:
+            ctx.load_verify_locations(self.root_cert)
+        if self.use_ssl_mutual:
+            if not self.root_cert:
+                raise OSError("--grpc-use-ssl-mutual requires --grpc-root-cert to verify client certificates")
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.set_alpn_protocols(["h2"])
+        return ctx
+
+
+class GrpcTransport(Transport):
+    service_name = "GRPCInferenceService"
+
+    def __init__(
+        self,
+        server: Server,
+        address: str = "0.0.0.0",
+        port: int = 8001,
+        options: Optional[GrpcOptions] = None,
+        **settings,
+    ):
+        """`settings` are GrpcOptions fields, for callers that do not build a GrpcOptions."""
+        if options is None:
+            options = GrpcOptions(**settings)
+        elif settings:
+            options = dataclasses.replace(options, **settings)
+        self.server = server
+        self.address = address
+        self.port = port
+        self.options = options
+        self.service = InferenceService(server)
+        self._impl = None
+
+    async def start(self) -> str:
+        ssl_context = self.options.ssl_context()
+        if self.options.server_library == "grpcio":
+            from transports.grpc.grpcio_server import GrpcioServer
+
+            self._impl = GrpcioServer(self.service, self.options)
+        else:
+            from transports.grpc.grpclib_server import GrpclibServer
+
+            self._impl = GrpclibServer(self.service, _grpclib_config(self.options))
+        await self._impl.start(self.address, self.port, ssl_context)
+        bound = self._impl.bound_port()
+        if bound:
+            self.port = bound
+        return f"{self.address}:{self.port}"
+
+    async def stop(self) -> None:
+        if self._impl is not None:
+            grace = getattr(getattr(self.server, "options", None), "exit_timeout_secs", 30.0)
+            await self._impl.stop(grace)
+            self._impl = None
+
+
+def _grpclib_config(options: GrpcOptions):
+    from grpclib.config import Configuration
+
+    return Configuration(
+        _keepalive_time=options.keepalive_time_ms / 1000.0,
+        _keepalive_timeout=options.keepalive_timeout_ms / 1000.0,
+        _keepalive_permit_without_calls=options.keepalive_permit_without_calls,
+        _http2_max_pings_without_data=options.http2_max_pings_without_data,
+    )
