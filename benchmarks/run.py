@@ -76,7 +76,10 @@ def log_tail(path: Path, n: int = 40) -> str:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return f"(no log at {path})"
-    return "\n".join(lines[-n:]) if lines else f"(log {path} is empty)"
+    if not lines:
+        return f"(log {path} is empty)"
+    # one generated-code line can be megabytes long; keep the tail readable
+    return "\n".join(ln if len(ln) <= 400 else ln[:200] + f" ...[{len(ln) - 400} chars]... " + ln[-200:] for ln in lines[-n:])
 
 
 def pids_in_group(pgid: int) -> list[int]:

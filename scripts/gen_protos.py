@@ -6,6 +6,11 @@ becomes the module `kernel.protos.model_config_pb2`, and a proto that imports
 it by that path gets a matching Python import. Only message classes are
 generated (no grpcio stubs): the servers bind their own handlers.
 
+One edit is made to protoc's output: the modules register their descriptors in
+Kernel's own pool (kernel/protos/_pool.py) rather than protobuf's default pool,
+because Triton's message names would otherwise clash with tritonclient's copy
+of the same protos when both are imported into one process.
+
     python scripts/gen_protos.py             # write next to the .proto files
     python scripts/gen_protos.py --out DIR   # write under DIR (staleness test)
 """
@@ -55,7 +60,20 @@ def generate(out_dir: Path, root: Path = REPO_ROOT) -> list[str]:
     rc = protoc.main(args)
     if rc != 0:
         raise RuntimeError(f"protoc failed with exit code {rc} for {files}")
+    for rel in files:
+        _use_kernel_pool(out_dir / (rel[: -len(".proto")] + "_pb2.py"))
     return files
+
+
+_DEFAULT_POOL_IMPORT = "from google.protobuf import descriptor_pool as _descriptor_pool\n"
+_KERNEL_POOL_IMPORT = "from kernel.protos import _pool as _descriptor_pool\n"
+
+
+def _use_kernel_pool(module: Path) -> None:
+    text = module.read_text(encoding="utf-8")
+    if text.count(_DEFAULT_POOL_IMPORT) != 1:
+        raise RuntimeError(f"{module}: protoc output changed shape; cannot redirect it to kernel/protos/_pool.py")
+    module.write_text(text.replace(_DEFAULT_POOL_IMPORT, _KERNEL_POOL_IMPORT), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,3 +42,13 @@ def test_model_config_module_is_importable():
     # A few of Triton's field numbers, as a tripwire against accidental edits.
     assert (fields["name"].number, fields["backend"].number, fields["runtime"].number) == (1, 17, 25)
     assert (fields["dynamic_batching"].number, fields["model_metrics"].number) == (11, 26)
+
+
+def test_coexists_with_tritonclient_protos():
+    """tritonclient registers the same inference.* names; both must import in one process."""
+    tc = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from kernel.protos import model_config_pb2
+
+    ours = model_config_pb2.ModelConfig(name="m", max_batch_size=4)
+    theirs = tc.ModelConfig.FromString(ours.SerializeToString())
+    assert (theirs.name, theirs.max_batch_size) == ("m", 4)

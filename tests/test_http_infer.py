@@ -180,3 +180,17 @@ def test_many_concurrent_requests_all_answered(server):
             np.testing.assert_array_equal(p.get_result().as_numpy("OUTPUT0"), np.full(4, 2 * i, np.float32))
     finally:
         client.close()
+
+
+def test_small_arena_settings_grow_to_fit(start_kernel):
+    from conftest import TEST_MODELS
+
+    k = start_kernel(
+        [TEST_MODELS / "good"],
+        "--backend-config", "python,shm-default-byte-size=1048576",
+        "--backend-config", "python,shm-growth-byte-size=1048576",
+    ).wait_ready()
+    client = httpclient.InferenceServerClient(k.url)
+    data = np.random.rand(3_000_000).astype(np.float32)  # 12 MB: needs several growth steps
+    result = client.infer("dtype_echo", _inputs(True, IN_FP32=data))
+    np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)

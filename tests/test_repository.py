@@ -18,6 +18,16 @@ from kernel.repository import (
 )
 
 
+def _add_sub_triton_json() -> str:
+    """The observed Triton JSON, kept once in test_model_config.py."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_observed", Path(__file__).with_name("test_model_config.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ADD_SUB_TRITON_JSON
+
+
 def _touch(path: Path, text: str = "") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -144,7 +154,5 @@ def test_repository_to_triton_json(repo: Path):
     cfg = load_model_config(model)
     mc.normalize_config(cfg, model.name, model_path=model.path)
     mc.validate_config(cfg)
-    from tests.test_model_config import ADD_SUB_TRITON_JSON
-
-    assert mc.config_to_json(cfg) == ADD_SUB_TRITON_JSON
+    assert mc.config_to_json(cfg) == _add_sub_triton_json()
     assert select_versions(cfg, sorted(model.versions)) == [10]

@@ -138,6 +138,7 @@ class WorkerInstance(BackendInstance):
             self._kill()
             raise KernelError(ErrorCode.INTERNAL, error)
         self.healthy = True
+        log.info("TRITONBACKEND_ModelInstanceInitialize: %s (%s device %d)", self.name, self.kind[5:], self.device_id)
 
     def _model_filename(self) -> str:
         return self.source.config.default_model_filename or "model.py"
@@ -166,7 +167,7 @@ class WorkerInstance(BackendInstance):
             return
         self._fail_pending(f"Stub process '{self.name}' is not healthy.")
         if not self._stopping:
-            log.error("Stub process '%s' exited unexpectedly with code %s", self.name, code)
+            log.error("Stub process '%s' is not healthy: it exited unexpectedly with code %s", self.name, code)
             if self.on_unexpected_exit is not None:
                 self.on_unexpected_exit(self)
 

@@ -14,6 +14,7 @@ import concurrent.futures
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import signal
 import socket
@@ -31,6 +32,9 @@ from backends.python.framing import MessageChannel
 from kernel import datatypes
 
 import triton_python_backend_utils as pb_utils  # noqa: E402  (model code imports it too)
+from kernel import server_log
+
+log = logging.getLogger("kernel.worker")
 
 
 def _format_exception(exc: BaseException) -> str:
@@ -177,10 +181,12 @@ class Worker:
 
     async def initialize(self, msg: messages.Initialize) -> None:
         args = msg.args
-        log = msg.log
+        settings = msg.log
         pb_utils._configure_logging(
-            verbose=log.verbose, info=log.info, warning=log.warning, error=log.error, log_format=log.format
+            verbose=settings.verbose, info=settings.info, warning=settings.warning, error=settings.error,
+            log_format=settings.format,
         )
+        server_log.configure(settings.verbose, settings.info, settings.warning, settings.error, settings.format)
         pb_utils._set_model_dir(str(Path(self.model_file).parent))
         try:
             config = json.loads(args["model_config"])
@@ -200,7 +206,9 @@ class Worker:
             if not hasattr(self.model, "execute"):
                 raise AttributeError("TritonPythonModel has no 'execute' method")
         except BaseException as exc:  # noqa: BLE001 - any failure is reported to the front
-            self.channel.send(messages.Ready(f"Failed to initialize Python stub: {_format_exception(exc)}"))
+            message = f"Failed to initialize Python stub: {_format_exception(exc)}"
+            log.error("%s", message)
+            self.channel.send(messages.Ready(message))
             return
         self.channel.send(messages.Ready(None, has_is_ready=callable(getattr(self.model, "is_ready", None))))
 
@@ -306,6 +314,7 @@ class Worker:
                 f"Failed to process the request(s) for model instance '{self.instance_name}', "
                 f"message: {_format_exception(exc)}"
             )
+            log.error("%s", message)
             self._fail_open(sinks, message)
             return
         result = fut.result()

@@ -8,6 +8,7 @@ and map a KernelError onto the gRPC status Triton would send.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import ssl
 from typing import Optional
@@ -103,6 +104,8 @@ class GrpclibBinding:
             msg = await _recv(stream)
             try:
                 response = method(msg)
+                if inspect.isawaitable(response):
+                    response = await response
             except KernelError as exc:
                 raise _grpc_error(exc) from None
             except Exception as exc:  # noqa: BLE001

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 from typing import AsyncIterator, Awaitable, Callable, Optional
 
@@ -51,9 +52,12 @@ class InferenceService:
     def ServerReady(self, msg) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.server.ready)
 
-    def ModelReady(self, msg) -> pb.ModelReadyResponse:
+    async def ModelReady(self, msg) -> pb.ModelReadyResponse:
         codec.check_version(msg.version)
-        return pb.ModelReadyResponse(ready=self.server.model_ready(msg.name, msg.version))
+        ready = self.server.model_ready(msg.name, msg.version)
+        if inspect.isawaitable(ready):  # the model's own is_ready() may be asked
+            ready = await ready
+        return pb.ModelReadyResponse(ready=ready)
 
     # ---- metadata ------------------------------------------------------------
 
