@@ -213,6 +213,8 @@ async def _cancel_on_disconnect(receive, request, future) -> None:
 
 
 async def _send(send, status: int, headers, body: bytes) -> None:
+    # An explicit content-length keeps the server from chunking the body.
+    headers = [*headers, (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
