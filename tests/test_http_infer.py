@@ -194,3 +194,15 @@ def test_small_arena_settings_grow_to_fit(start_kernel):
     data = np.random.rand(3_000_000).astype(np.float32)  # 12 MB: needs several growth steps
     result = client.infer("dtype_echo", _inputs(True, IN_FP32=data))
     np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
+
+
+def test_hypercorn_serves_the_same_api(start_kernel):
+    from conftest import EXAMPLES
+
+    k = start_kernel([EXAMPLES], "--http-server", "hypercorn").wait_ready()
+    client = httpclient.InferenceServerClient(k.url)
+    a = np.arange(4, dtype=np.float32)
+    for binary in (False, True):
+        result = client.infer("add_sub", _inputs(binary, INPUT0=a, INPUT1=a))
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
+    assert client.get_model_metadata("add_sub")["name"] == "add_sub"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import importlib.util
 import inspect
 import json
@@ -28,6 +27,7 @@ import numpy as np
 from backends.python import messages, wire
 from backends.python.arena import Arena, PeerArena
 from backends.python.bls import BlsClient
+from backends.python.model_thread import ModelThread
 from backends.python.framing import MessageChannel
 from kernel import datatypes
 
@@ -119,7 +119,7 @@ class Worker:
         self.peer = PeerArena()
         self.sinks: dict[int, ResponseSink] = {}
         self.requests: dict[int, object] = {}
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="execute")
+        self.model_thread: ModelThread | None = None  # started with the loop
         self.done: asyncio.Future | None = None
         self._outbox: list[messages.Response] = []
         self._peer_releases: list[tuple[int, int]] = []
@@ -129,6 +129,7 @@ class Worker:
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.model_thread = ModelThread(self.loop)
         self.done = self.loop.create_future()
         _, self.channel = await self.loop.create_unix_connection(
             lambda: MessageChannel(messages.ToWorker, self.on_message, self.on_lost), sock=self.channel_sock
@@ -202,7 +203,7 @@ class Worker:
                 if inspect.iscoroutinefunction(init):
                     await init(args)
                 else:
-                    await self.loop.run_in_executor(self.pool, init, args)
+                    await self.model_thread.submit(init, args)
             if not hasattr(self.model, "execute"):
                 raise AttributeError("TritonPythonModel has no 'execute' method")
         except BaseException as exc:  # noqa: BLE001 - any failure is reported to the front
@@ -237,7 +238,7 @@ class Worker:
                 if inspect.iscoroutinefunction(fin):
                     await fin()
                 else:
-                    await self.loop.run_in_executor(self.pool, fin)
+                    await self.model_thread.submit(fin)
             except BaseException as exc:  # noqa: BLE001
                 error = _format_exception(exc)
         try:
@@ -295,19 +296,17 @@ class Worker:
         if self.async_execute:
             asyncio.ensure_future(self._execute_async(requests, keys))
         else:
-            fut = self.loop.run_in_executor(self.pool, self.model.execute, requests)
-            fut.add_done_callback(lambda f: self._finish(requests, keys, f))
+            self.model_thread.call(self.model.execute, (requests,), self._finish, keys)
 
     async def _execute_async(self, requests, keys) -> None:
-        fut = self.loop.create_future()
         try:
-            fut.set_result(await self.model.execute(requests))
+            result = await self.model.execute(requests)
         except BaseException as exc:  # noqa: BLE001
-            fut.set_exception(exc)
-        self._finish(requests, keys, fut)
+            self._finish(keys, None, exc)
+            return
+        self._finish(keys, result, None)
 
-    def _finish(self, requests, keys, fut) -> None:
-        exc = fut.exception()
+    def _finish(self, keys, result, exc) -> None:
         sinks = [self.sinks[k] for k in keys if k in self.sinks]
         if exc is not None:
             message = (
@@ -317,7 +316,6 @@ class Worker:
             log.error("%s", message)
             self._fail_open(sinks, message)
             return
-        result = fut.result()
         if result is None:
             # Responses go (or went) through the response senders.
             return
