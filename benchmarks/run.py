@@ -676,6 +676,10 @@ def main(argv=None) -> int:
         + (f"; {args.rounds} alternating rounds, median round shown." if args.rounds > 1 else "."),
         "; ".join(sides),
     ]
+    if args.rounds > 1:
+        for p in triton_pts + kernel_pts:
+            figs = " / ".join("failed" if v is None else f"{v:,.0f}" for v in p.rounds_infer_per_s)
+            notes.append(f"{p.server} {p.protocol.upper()} c={p.concurrency}, infer/s by round: {figs}")
     loads = [p.loadavg_1m for p in triton_pts + kernel_pts if p.loadavg_1m is not None]
     if loads:
         notes.append(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from kernel.request import InferRequest
 
@@ -34,10 +34,33 @@ class BackendInstance(abc.ABC):
     name: str
     healthy: bool
 
+    #: Set by the model's scheduler: called with the instance whenever it may
+    #: take more work (an execution finished, its pending work was failed, it
+    #: (re)started). Backends call notify_available() at those points.
+    on_available: Optional[Callable[["BackendInstance"], None]] = None
+    #: Set by the core after load: the model version's kernel.stats.ModelStats.
+    #: Backends report each finished execution into it (record_execution).
+    stats: Any = None
+
     @property
     @abc.abstractmethod
     def in_flight(self) -> int:
         """Requests handed to this instance that have not had their final response."""
+
+    @property
+    def executing(self) -> int:
+        """Batches handed to submit() whose execution has not finished yet.
+
+        The batching schedulers dispatch to an instance only when this is 0.
+        Backends that know when an execution ends (before the last response of
+        a decoupled request) override it; the fallback is in-flight requests.
+        """
+        return self.in_flight
+
+    def notify_available(self) -> None:
+        callback = self.on_available
+        if callback is not None:
+            callback(self)
 
     async def check_ready(self) -> tuple[bool, str]:
         """(ready, reason). Backends whose models can report readiness override this."""
@@ -78,3 +101,15 @@ class Backend(abc.ABC):
 
     def default_model_filename(self) -> str:
         return "model.py"
+
+    def model_file(self, version_dir: Path, config: Any) -> Optional[Path]:
+        """The file a model version must provide (checked before load); None: nothing to check."""
+        return version_dir / (config.default_model_filename or self.default_model_filename())
+
+    def discover(self, name: str, backend_directory: Path) -> tuple[Optional["Backend"], list[str]]:
+        """A backend called `name` found in the backend directory that this backend runs
+        (e.g. a Python-based backend), and the paths looked at; (None, paths) when absent."""
+        return None, []
+
+    def complete_config(self, config: Any) -> None:
+        """Fill in the config fields the core sets for models of this backend (e.g. runtime)."""

@@ -13,6 +13,8 @@ import argparse
 import asyncio
 import importlib
 import logging
+import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -27,18 +29,24 @@ log = logging.getLogger("kernel.server")
 BACKENDS = {"python": "backends.python:PythonBackend"}
 HTTP_TRANSPORT = "transports.http:HttpTransport"
 GRPC_TRANSPORT = "transports.grpc:GrpcTransport"
+METRICS_TRANSPORT = "transports.metrics:MetricsTransport"
+SAGEMAKER_TRANSPORT = "transports.sagemaker:SageMakerTransport"
+VERTEX_AI_TRANSPORT = "transports.vertex:VertexAiTransport"
 
 BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repo_examples"
+# Where `backend: "<name>"` finds <name>/model.py (a Python-based backend) unless
+# --backend-directory says otherwise.
+DEFAULT_BACKEND_DIRECTORY = Path(__file__).resolve().parent.parent / "backends" / "python_based"
 
 # tritonserver flags that only tune Triton's own C++ thread pools and memory
 # pools; Kernel has no such knobs, so they are accepted and do nothing.
 NO_EFFECT_FLAGS = {
     "http-thread-count", "grpc-infer-thread-count", "model-load-thread-count", "buffer-manager-thread-count",
     "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
-    "min-supported-compute-capability", "allow-gpu-metrics", "allow-cpu-metrics", "model-load-retry-count",
+    "min-supported-compute-capability", "allow-gpu-metrics", "model-load-retry-count",
     "grpc-max-response-pool-size", "reuse-http-port", "reuse-grpc-port", "enable-peer-access",
     "http-header-forward-pattern", "grpc-header-forward-pattern", "host-policy", "model-load-gpu-limit",
-    "repoagent-directory",
+    "repoagent-directory", "sagemaker-thread-count", "vertex-ai-thread-count",
 }
 
 # tritonserver flags whose features Kernel does not have yet.
@@ -49,11 +57,9 @@ NOT_YET_FLAGS = {
     "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
     "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
     "grpc-infer-allocation-pool-size", "grpc-infer-response-compression-level", "grpc-restricted-protocol",
-    "allow-sagemaker", "sagemaker-port", "sagemaker-safe-port-range", "sagemaker-thread-count",
-    "allow-vertex-ai", "vertex-ai-port", "vertex-ai-thread-count", "vertex-ai-default-model",
-    "metrics-interval-ms", "metrics-config", "trace-config", "trace-file", "trace-level", "trace-rate",
+    "trace-config", "trace-file", "trace-level", "trace-rate",
     "trace-count", "trace-log-frequency", "cache-config", "cache-directory", "response-cache-byte-size",
-    "rate-limit", "rate-limit-resource", "allow-client-shm", "backend-directory",
+    "rate-limit", "rate-limit-resource", "allow-client-shm",
 }
 
 
@@ -97,19 +103,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
                    help="model repository path (repeatable); default: the bundled model_repo_examples/")
     p.add_argument("--id", default="triton", help="server identifier reported by GET /v2")
-    p.add_argument("--allow-http", type=parse_bool, default=True)
+    # In a Vertex AI prediction container (AIP_MODE=PREDICTION) tritonserver serves only the
+    # Vertex AI endpoint unless told otherwise.
+    vertex_prediction = os.environ.get("AIP_MODE", "") == "PREDICTION"
+    p.add_argument("--allow-http", type=parse_bool, default=not vertex_prediction)
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest accepted HTTP request body in bytes (default 64MB)")
     p.add_argument("--http-server", choices=("uvicorn", "hypercorn"), default="uvicorn",
                    help="Kernel only: the HTTP server library (default uvicorn with httptools)")
-    p.add_argument("--allow-grpc", type=parse_bool, default=True)
+    p.add_argument("--allow-grpc", type=parse_bool, default=not vertex_prediction)
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--allow-metrics", type=parse_bool, default=True)
-    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--metrics-address", default=None,
+                   help="default: --http-address when HTTP is allowed, else 0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--metrics-interval-ms", type=int, default=2000,
+                   help="how often the per-interval metrics (CPU) are sampled")
+    p.add_argument("--metrics-config", action="append", default=[],
+                   help="[<group>,]<setting>=<value>: counter_latencies, summary_latencies, "
+                        "summary_quantiles, histogram_latencies")
+    p.add_argument("--allow-cpu-metrics", type=parse_bool, default=True)
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-info", type=parse_bool, default=True)
     p.add_argument("--log-warning", type=parse_bool, default=True)
@@ -123,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict-model-config", type=parse_bool, default=False)
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     p.add_argument("--backend-config", action="append", default=[])
+    p.add_argument("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
+                   help="where Python-based backends (<name>/model.py) are found "
+                        "(default: the backends/python_based/ folder of the installed package)")
+    p.add_argument("--allow-sagemaker", type=parse_bool, default=False,
+                   help="serve the SageMaker endpoint (/ping, /invocations, /models)")
+    p.add_argument("--sagemaker-port", type=int, default=8080)
+    p.add_argument("--sagemaker-safe-port-range", type=_port_range, default=None, metavar="<low>-<high>",
+                   help="ports the other endpoints may use when SageMaker is allowed")
+    p.add_argument("--allow-vertex-ai", type=parse_bool, default=vertex_prediction,
+                   help="serve the Vertex AI endpoint (default: true when AIP_MODE=PREDICTION)")
+    p.add_argument("--vertex-ai-port", type=int, default=os.environ.get("AIP_HTTP_PORT", "8080"),
+                   help="default: AIP_HTTP_PORT, or 8080")
+    p.add_argument("--vertex-ai-default-model", default="",
+                   help="the model AIP_PREDICT_ROUTE serves (needed when the repository has several)")
     p.set_defaults(no_effect=[])
     for flag in sorted(NO_EFFECT_FLAGS):
         p.add_argument(f"--{flag}", action=_NoEffect, help=argparse.SUPPRESS)
@@ -131,13 +161,91 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _port_range(value: str) -> tuple[int, int]:
+    low, sep, high = value.partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        return int(low), int(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected <integer>-<integer>, got '{value}'") from None
+
+
+def check_ports(args) -> None:
+    """Refuse endpoint ports that collide, or that fall outside --sagemaker-safe-port-range."""
+    services = []  # (name, address, port, allowed range for the others or None)
+    if args.allow_http:
+        services.append(("HTTP", args.http_address, args.http_port, None))
+    if args.allow_grpc:
+        services.append(("GRPC", args.grpc_address, args.grpc_port, None))
+    if args.allow_metrics:
+        services.append(("metrics", args.metrics_address, args.metrics_port, None))
+    if args.allow_sagemaker:
+        services.append(("SageMaker", "0.0.0.0", args.sagemaker_port, args.sagemaker_safe_port_range))
+    if args.allow_vertex_ai:
+        services.append(("Vertex AI", "0.0.0.0", args.vertex_ai_port, None))
+    for i, (name, address, port, allowed) in enumerate(services):
+        others = services if allowed is not None else services[i + 1:]
+        for other in others:
+            if other is services[i] or other[1] != address:
+                continue
+            if allowed is not None and not allowed[0] <= other[2] <= allowed[1]:
+                raise StartupError(
+                    f"The server cannot listen to {other[0]} requests at port {other[2]}, "
+                    f"allowed port range is [{allowed[0]}, {allowed[1]}]"
+                )
+            if other[2] == port:
+                raise StartupError(
+                    f"The server cannot listen to {name} requests and {other[0]} requests "
+                    f"at the same address and port {address}:{port}"
+                )
+
+
+def _repository_paths(args) -> list[str]:
+    if args.model_repository:
+        return list(args.model_repository)
+    storage = os.environ.get("AIP_STORAGE_URI", "")
+    if storage:  # Vertex AI hands the model location over in the environment
+        return [storage]
+    return [str(BUNDLED_REPOSITORY)]
+
+
+def _check_local(path: str) -> None:
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", path)
+    if scheme:
+        where = " (from AIP_STORAGE_URI)" if path == os.environ.get("AIP_STORAGE_URI") else ""
+        raise StartupError(
+            f"model repository '{path}'{where}: {scheme.group(1)}:// repositories are not supported by Kernel; "
+            "copy the repository to a local directory and serve that path"
+        )
+
+
+def _parse_metrics_config(values: list[str]) -> dict[str, str]:
+    """--metrics-config summary_latencies=true (global group) or <group>,<setting>=<value>."""
+    out: dict[str, str] = {}
+    for item in values:
+        group, _, setting = item.partition(",") if "=" not in item.split(",", 1)[0] else ("", "", item)
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: --metrics-config '{item}': expected [<group>,]<setting>=<value>")
+        if not group:
+            out[key.strip()] = value.strip()
+    return out
+
+
 def _load(target: str):
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
 def build_server(args) -> Server:
-    repos = [Path(r) for r in (args.model_repository or [str(BUNDLED_REPOSITORY)])]
+    paths = _repository_paths(args)
+    for r in paths:
+        _check_local(r)
+    if args.metrics_address is None:  # as tritonserver: the HTTP address, when there is one
+        args.metrics_address = args.http_address if args.allow_http else "0.0.0.0"
+    check_ports(args)
+    repos = [Path(r) for r in paths]
     for r in repos:
         if not r.is_dir():
             raise StartupError(f"failed to stat model repository path '{r}': not a directory")
@@ -152,6 +260,8 @@ def build_server(args) -> Server:
         strict_model_config=args.strict_model_config,
         backend_config=backend_config,
         log_verbose=args.log_verbose,
+        backend_directory=Path(args.backend_directory),
+        metrics_config=_parse_metrics_config(args.metrics_config),
     )
     backends = {}
     log_settings = {
@@ -172,6 +282,20 @@ def build_server(args) -> Server:
             log.warning("gRPC endpoint is not available in this build of Kernel; serving HTTP only")
         else:
             server.transports.append(grpc_transport(server, args.grpc_address, args.grpc_port))
+    if args.allow_metrics:
+        server.transports.append(
+            _load(METRICS_TRANSPORT)(server, args.metrics_address, args.metrics_port,
+                                     interval_ms=args.metrics_interval_ms, cpu_metrics=args.allow_cpu_metrics)
+        )
+    if args.allow_sagemaker:
+        server.transports.append(
+            _load(SAGEMAKER_TRANSPORT)(server, "0.0.0.0", args.sagemaker_port, args.http_max_input_size)
+        )
+    if args.allow_vertex_ai:
+        server.transports.append(
+            _load(VERTEX_AI_TRANSPORT)(server, "0.0.0.0", args.vertex_ai_port, args.http_max_input_size,
+                                       args.vertex_ai_default_model)
+        )
     return server
 
 

@@ -14,6 +14,7 @@ from kernel import datatypes
 from kernel.backend import BackendInstance, ModelSource
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import InferRequest
+from kernel.stats import ModelStats
 
 
 class ModelState(enum.Enum):
@@ -50,6 +51,8 @@ class Model:
         self.reason = ""
         self.instances: list[BackendInstance] = []
         self.scheduler: Any = None
+        self.is_ensemble = source.config.HasField("ensemble_scheduling")
+        self.stats = ModelStats(source.name, str(source.version))
         cfg = source.config
         self.max_batch_size = cfg.max_batch_size
         self.decoupled = cfg.model_transaction_policy.decoupled
@@ -72,6 +75,8 @@ class Model:
 
     @property
     def ready(self) -> bool:
+        if self.is_ensemble:  # no instances of its own
+            return self.state is ModelState.READY
         return self.state is ModelState.READY and any(i.healthy for i in self.instances)
 
     def metadata(self, versions: list[str]) -> dict:

@@ -141,6 +141,8 @@ class InferRequest:
         "cancelled",
         "_cancel_callbacks",
         "arrival_ns",
+        "on_reschedule",
+        "sched",
     )
 
     def __init__(
@@ -169,7 +171,11 @@ class InferRequest:
         self.on_response: Optional[ResponseCallback] = None
         self.cancelled = False
         self._cancel_callbacks: Optional[list[Callable[[], None]]] = None
-        self.arrival_ns = 0
+        self.arrival_ns = 0  # time.monotonic_ns() when the core accepted it (statistics)
+        # Set by a scheduler that can run a request again when the model releases
+        # it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (iterative sequences).
+        self.on_reschedule: Optional[Callable[["InferRequest"], None]] = None
+        self.sched: Any = None  # scheduler-private bookkeeping
 
     def input(self, name: str) -> Optional[InferTensor]:
         for t in self.inputs:

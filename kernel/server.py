@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -18,13 +19,17 @@ from kernel.errors import ErrorCode, KernelError
 from kernel.model import Model, ModelState
 from kernel.registry import ModelRegistry
 from kernel.request import InferRequest
-from kernel.scheduler import DirectScheduler
+from kernel.metrics import CustomMetrics, MetricsConfig
+from kernel.scheduler import make_scheduler
 from kernel.transport import Transport
 
 log = logging.getLogger("kernel.server")
 
 # KServe v2 extensions this server speaks (reported by GET /v2).
-EXTENSIONS = ["classification", "model_configuration", "binary_tensor_data", "parameters"]
+EXTENSIONS = [
+    "classification", "sequence", "model_configuration", "schedule_policy", "binary_tensor_data",
+    "parameters", "statistics",
+]
 
 
 @dataclass
@@ -38,6 +43,8 @@ class ServerOptions:
     strict_model_config: bool = False
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     log_verbose: int = 0
+    backend_directory: Optional[Path] = None  # where backends not built in are looked for
+    metrics_config: dict[str, str] = field(default_factory=dict)  # --metrics-config (global group)
 
 
 class StartupError(Exception):
@@ -55,6 +62,10 @@ class Server:
         self.live = False
         self._shutting_down = False
         self._loaded = False
+        # Statistics and metrics (kernel.stats, kernel.metrics): custom metric
+        # families that models create, and what --metrics-config turns on.
+        self.custom_metrics = CustomMetrics()
+        self.metrics_config = MetricsConfig(options.metrics_config)
 
     # ---- health and metadata ---------------------------------------------
 
@@ -85,6 +96,8 @@ class Server:
             return False
         if not model.ready:
             return False
+        if model.is_ensemble:
+            return True
         results = await asyncio.gather(*(inst.check_ready() for inst in model.instances))
         return any(ok for ok, _ in results)
 
@@ -109,10 +122,48 @@ class Server:
             raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; new requests are not accepted")
         model = self.registry.get(request.model_name, request.model_version)
         model.validate(request)
+        request.arrival_ns = _now_ns()
+        if model.stats.observer is not None and model.stats.observer.first_response is not None:
+            model.stats.observer.watch_first_response(request)
         model.scheduler.enqueue(request)
 
     def in_flight(self) -> int:
-        return sum(inst.in_flight for m in self.registry.all_models() for inst in m.instances)
+        models = self.registry.all_models()
+        queued = sum(m.scheduler.pending_count() for m in models if m.scheduler is not None)
+        return queued + sum(inst.in_flight for m in models for inst in m.instances)
+
+    # ---- statistics ------------------------------------------------------------
+
+    def statistics(self, name: str = "", version: str = "") -> dict:
+        """The statistics extension's `$stats_model_response` (also behind gRPC ModelStatistics).
+
+        Every ready version of every model when `name` is empty, else the ready
+        versions of `name` ('' = all of them). Raises KernelError(INVALID_ARG)
+        with Triton's messages for unknown models and versions.
+        """
+        if not name:
+            models = sorted((m for m in self.registry.all_models() if m.state is ModelState.READY),
+                            key=lambda m: (m.name, m.version))
+            return {"model_stats": [m.stats.to_json() for m in models]}
+        entry = self.registry.entries.get(name)
+        ready = sorted((m for m in entry.versions.values() if m.state is ModelState.READY),
+                       key=lambda m: m.version) if entry is not None else []
+        if not ready:
+            raise KernelError(ErrorCode.INVALID_ARG, f"requested model '{name}' is not available")
+        if version:
+            try:
+                wanted = int(version)
+            except ValueError:
+                raise KernelError(
+                    ErrorCode.INVALID_ARG, f"failed to get model version from specified version string '{version}' (details: stol), "
+                    "version should be an integral value > 0"
+                ) from None
+            ready = [m for m in ready if m.version == wanted]
+            if not ready:
+                raise KernelError(
+                    ErrorCode.INVALID_ARG, f"requested model version is not available for model '{name}'"
+                )
+        return {"model_stats": [m.stats.to_json() for m in ready]}
 
     # ---- loading -------------------------------------------------------------
 
@@ -153,13 +204,21 @@ class Server:
 
     async def _complete_config(self, md: repository.ModelDir):
         cfg = repository.load_model_config(md)
+        if cfg.name and md.name != md.path.name:
+            # Loaded under another name (load_model_from_path): that name wins,
+            # as with Triton's repository name mapping.
+            cfg.name = md.name
+        if cfg.platform == model_config.ENSEMBLE_PLATFORM:  # run by the core, no backend
+            model_config.normalize_config(cfg, md.name, model_path=md.path)
+            model_config.validate_config(cfg)
+            return cfg
         backend = self._backend_for(cfg, md)
         model_config.normalize_config(cfg, md.name, model_path=md.path)
         if not self.options.disable_auto_complete_config and not (
             self.options.strict_model_config and md.config_path is not None
         ):
             latest = max(md.versions) if md.versions else None
-            if latest is not None and _defines_auto_complete(md.versions[latest], cfg):
+            if latest is not None and _defines_auto_complete(backend.model_file(md.versions[latest], cfg)):
                 completed = await backend.auto_complete(self._source(md, cfg, latest))
                 if completed is not None:
                     model_config.apply_autocomplete(cfg, model_config.config_from_dict(completed))
@@ -169,19 +228,34 @@ class Server:
 
     def _backend_for(self, cfg, md: repository.ModelDir) -> Backend:
         name = cfg.backend or ("python" if not cfg.platform else cfg.platform)
-        backend = self.backends.get(name)
-        if backend is None:
-            raise KernelError(
-                ErrorCode.INVALID_ARG,
-                f"unable to find backend '{name}' for model '{md.name}'; available backends: "
-                + ", ".join(sorted(self.backends)),
-            )
+        backend = self.backends.get(name) or self._discover_backend(name, md)
         if not cfg.backend:
             cfg.backend = name
+        backend.complete_config(cfg)
         return backend
 
+    def _discover_backend(self, name: str, md: repository.ModelDir) -> Backend:
+        """A backend that is not built in: ask the built-in ones to find it in the backend directory."""
+        searched: list[str] = []
+        directory = self.options.backend_directory
+        if directory is not None and name and "/" not in name and "\\" not in name and name not in (".", ".."):
+            for candidate in list(self.backends.values()):
+                found, paths = candidate.discover(name, Path(directory))
+                searched += paths
+                if found is not None:
+                    found.attach(self)
+                    self.backends[name] = found
+                    return found
+        where = f"; searched: {', '.join(repr(p) for p in searched)}" if searched else ""
+        raise KernelError(
+            ErrorCode.INVALID_ARG,
+            f"unable to find backend '{name}' for model '{md.name}'{where} (Kernel serves Python-based backends "
+            f"from --backend-directory; it does not load C++ backend libraries such as libtriton_{name}.so); "
+            "available backends: " + ", ".join(sorted(self.backends)),
+        )
+
     def _source(self, md: repository.ModelDir, cfg, version: int) -> ModelSource:
-        backend = self.backends[cfg.backend]
+        backend = self.backends.get(cfg.backend)
         return ModelSource(
             name=md.name,
             version=version,
@@ -190,7 +264,7 @@ class Server:
             repository=md.path.parent,
             config=cfg,
             config_json=model_config.config_to_json(cfg),
-            backend_config=self.options.backend_config.get(backend.name, {}),
+            backend_config=self.options.backend_config.get(backend.name, {}) if backend is not None else {},
         )
 
     async def _load_version(self, md: repository.ModelDir, cfg, version: int) -> bool:
@@ -200,12 +274,18 @@ class Server:
         platform = cfg.platform or cfg.backend
         model = Model(source, model_config.config_to_dict(cfg), platform)
         entry.versions[version] = model
-        backend = self.backends[cfg.backend]
+        backend = self.backends.get(cfg.backend)
+        started = time.monotonic()
         try:
-            model_file = md.versions[version] / (cfg.default_model_filename or backend.default_model_filename())
-            if not model_file.is_file():
-                raise KernelError(ErrorCode.INVALID_ARG, f"unable to find '{model_file}' for model '{md.name}'")
-            model.instances = await backend.load(source)
+            if model.is_ensemble:
+                from kernel.ensemble import wait_for_steps
+
+                await wait_for_steps(self, model)
+            else:
+                model_file = backend.model_file(md.versions[version], cfg)
+                if model_file is not None and not model_file.is_file():
+                    raise KernelError(ErrorCode.INVALID_ARG, f"unable to find '{model_file}' for model '{md.name}'")
+                model.instances = await backend.load(source)
         except KernelError as exc:
             del entry.versions[version]
             self._load_failed(entry, version, exc.message)
@@ -214,7 +294,11 @@ class Server:
             del entry.versions[version]
             self._load_failed(entry, version, f"{type(exc).__name__}: {exc}")
             return False
-        model.scheduler = DirectScheduler(md.name, model.instances)
+        model.stats.load_duration_s = time.monotonic() - started
+        model.stats.observer = self.metrics_config.observer_for(model)
+        for inst in model.instances:
+            inst.stats = model.stats
+        model.scheduler = make_scheduler(self, model)
         model.state = ModelState.READY
         return True
 
@@ -223,6 +307,72 @@ class Server:
         entry.reason = reason
         where = f"'{entry.name}'" if version is None else f"'{entry.name}' version {version}"
         log.error("failed to load %s: %s", where, reason)
+
+    # ---- model control: load and unload one model at run time ---------------
+    # (SageMaker multi-model endpoints use these; the repository control API
+    # will build on them.)
+
+    async def load_model_from_path(self, name: str, path) -> None:
+        """Load the model folder at `path` under `name`; raise KernelError if it cannot serve.
+
+        ALREADY_EXISTS when `name` is loaded or being loaded. A model that fails
+        to load leaves nothing behind in the registry.
+        """
+        path = Path(path)
+        existing = self.registry.entries.get(name)
+        if existing is not None and existing.state is not ModelState.UNAVAILABLE:
+            raise KernelError(ErrorCode.ALREADY_EXISTS, f"model '{name}' is already loaded")
+        if self._shutting_down:
+            raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; models cannot be loaded")
+        try:
+            md = await asyncio.to_thread(_scan_model_folder, path)
+        except OSError as exc:
+            raise KernelError(
+                ErrorCode.INVALID_ARG, f"failed to load '{name}': cannot read model directory '{path}': {exc}"
+            ) from None
+        md.name = name
+        self.registry.entries.pop(name, None)  # a previous failed or unloaded entry
+        await self.load_model(md)
+        entry = self.registry.entries.get(name)
+        if entry is None or entry.state is not ModelState.READY:
+            reason = entry.reason if entry is not None else "load was interrupted"
+            if entry is not None:
+                await self._stop_versions(list(entry.versions.values()), 0.0)
+                if self.registry.entries.get(name) is entry:
+                    del self.registry.entries[name]
+            raise KernelError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving `name`: refuse new requests, let in-flight ones finish, stop its instances."""
+        entry = self.registry.entries.get(name)
+        if entry is None:
+            raise KernelError(ErrorCode.NOT_FOUND, f"failed to unload '{name}': model is not loaded")
+        if entry.state is ModelState.LOADING:
+            raise KernelError(ErrorCode.UNAVAILABLE, f"failed to unload '{name}': model is still loading")
+        if entry.state is ModelState.UNLOADING:
+            raise KernelError(ErrorCode.UNAVAILABLE, f"failed to unload '{name}': model is already unloading")
+        entry.state = ModelState.UNLOADING
+        models = list(entry.versions.values())
+        for m in models:
+            m.state = ModelState.UNLOADING  # new requests are refused from here on
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.exit_timeout_secs
+        while loop.time() < deadline and any(_has_work(m) for m in models):
+            await asyncio.sleep(0.02)
+        for m in models:
+            if m.scheduler is not None:
+                m.scheduler.close()
+        await self._stop_versions(models, max(0.0, deadline - loop.time()))
+        if self.registry.entries.get(name) is entry:
+            del self.registry.entries[name]
+        for m in models:
+            m.state = ModelState.UNAVAILABLE
+            log.info("successfully unloaded '%s' version %d", m.name, m.version)
+
+    async def _stop_versions(self, models: list[Model], timeout: float) -> None:
+        await asyncio.gather(
+            *(inst.stop(timeout) for m in models for inst in m.instances), return_exceptions=True
+        )
 
     def model_table(self) -> str:
         rows = []
@@ -265,6 +415,8 @@ class Server:
         models = self.registry.all_models()
         for m in models:
             m.state = ModelState.UNLOADING
+            if m.scheduler is not None:
+                m.scheduler.close()
         await asyncio.gather(
             *(inst.stop(max(0.0, deadline - loop.time())) for m in models for inst in m.instances),
             return_exceptions=True,
@@ -275,9 +427,24 @@ class Server:
         self.live = False
 
 
-def _defines_auto_complete(version_dir: Path, cfg) -> bool:
+_now_ns = time.monotonic_ns
+
+
+def _has_work(model: Model) -> bool:
+    pending = getattr(model.scheduler, "pending_count", None)
+    return bool((pending() if pending is not None else 0) or any(i.in_flight for i in model.instances))
+
+
+def _scan_model_folder(path: Path) -> repository.ModelDir:
+    if not path.is_dir():
+        raise FileNotFoundError("no such directory")
+    return repository.scan_model_dir(path)
+
+
+def _defines_auto_complete(model_file: Optional[Path]) -> bool:
     """Only spawn the auto-complete interpreter for models that define the hook."""
-    model_file = version_dir / (cfg.default_model_filename or "model.py")
+    if model_file is None:
+        return False
     try:
         return "auto_complete_config" in model_file.read_text(errors="replace")
     except OSError:

@@ -1372,3 +1372,13 @@ class ModelConfig:
                     + str(policy["decoupled"]) + "'."
                 )
             policy["decoupled"] = wanted
+
+
+# ---------------------------------------------------------------------------
+# Custom metrics (MetricFamily / Metric); see _metrics.py. The worker installs
+# ``_metrics_handler`` to forward metric operations to the server process.
+# ---------------------------------------------------------------------------
+
+_metrics_handler = None
+
+from ._metrics import Metric, MetricFamily, MetricKind  # noqa: E402

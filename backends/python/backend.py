@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import sys
+from pathlib import Path
 from typing import Optional
 
-from backends.python.instance import _REPO_ROOT, WorkerInstance, WorkerSettings
+from backends.python.execenv import ExecutionEnvironments
+from backends.python.instance import WorkerInstance, WorkerSettings
 from backends.python.messages import LogSettings
 from kernel.backend import Backend, BackendInstance, ModelSource
 from kernel.errors import ErrorCode, KernelError
@@ -26,6 +26,8 @@ _SETTINGS = {
 }
 # Accepted for compatibility with tritonserver; they change nothing here.
 _ACCEPTED = {"shm-region-prefix-name", "default-max-batch-size"}
+# Kernel only: where execution-environment tarballs are unpacked (see execenv.py).
+_ENV_CACHE_SETTING = "execution-env-cache-directory"
 
 
 def settings_from_backend_config(values: dict[str, str], log: Optional[LogSettings] = None) -> WorkerSettings:
@@ -49,16 +51,24 @@ class PythonBackend(Backend):
 
     def __init__(self, backend_config: Optional[dict[str, str]] = None, log: Optional[dict] = None):
         """log: the server's log settings (verbose, info, warning, error, format), mirrored in workers."""
-        self.settings = settings_from_backend_config(backend_config or {}, LogSettings(**(log or {})))
+        values = dict(backend_config or {})
+        cache_dir = values.pop(_ENV_CACHE_SETTING, None)
+        self.settings = settings_from_backend_config(values, LogSettings(**(log or {})))
+        self.envs = ExecutionEnvironments(Path(cache_dir) if cache_dir else None)
         self._restarting: set[str] = set()
 
+    def discover(self, name: str, backend_directory: Path):
+        """Python-based backends: <backend_directory>/<name>/model.py."""
+        from backends.python import based
+
+        return based.discover(self, name, backend_directory)
+
     async def auto_complete(self, source: ModelSource) -> Optional[dict]:
-        model_file = source.version_dir / (source.config.default_model_filename or "model.py")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+        model_file = self.model_file(source.version_dir, source.config)
+        command = await self.envs.command_for(source)
+        argv, env = command.module("backends.python.autocomplete", "--model-file", str(model_file))
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "backends.python.autocomplete", "--model-file", str(model_file),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
         )
         try:
             out, _ = await asyncio.wait_for(
@@ -97,12 +107,13 @@ class PythonBackend(Backend):
         return specs
 
     async def load(self, source: ModelSource) -> list[BackendInstance]:
-        instances = [
-            WorkerInstance(source, name, kind, dev, self.settings, self.core)
-            for name, kind, dev in self.instance_specs(source)
-        ]
+        specs = self.instance_specs(source)
+        command = await self.envs.command_for(source)
+        instances = [WorkerInstance(source, name, kind, dev, self.settings, self.core) for name, kind, dev in specs]
         for inst in instances:
             inst.on_unexpected_exit = self._restart
+            inst.command = command
+            inst.model_file = self.model_file(source.version_dir, source.config)
         results = await asyncio.gather(*(inst.start() for inst in instances), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:

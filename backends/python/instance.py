@@ -11,9 +11,7 @@ import asyncio
 import functools
 import itertools
 import logging
-import os
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -22,7 +20,9 @@ import msgspec
 
 from backends.python import messages, wire
 from backends.python.arena import Arena, PeerArena
+from backends.python.execenv import WorkerCommand, server_command
 from backends.python.framing import MessageChannel
+from backends.python.metrics_client import handle_ops as _handle_metric_ops
 from kernel.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import InferRequest, InferResponse, InferTensor, RequestedOutput
@@ -59,6 +59,9 @@ class WorkerInstance(BackendInstance):
         self.healthy = False
         self._stopping = False
         self.on_unexpected_exit = None  # set by the backend: the restart policy lives there
+        # Set by the backend: the interpreter/environment (execenv.py) and the model file to run.
+        self.command: Optional[WorkerCommand] = None
+        self.model_file: Path = source.version_dir / self._model_filename()
         self._reset()
 
     def _reset(self) -> None:
@@ -79,6 +82,7 @@ class WorkerInstance(BackendInstance):
         self._exited: Optional[asyncio.Future] = None
         self._has_is_ready = False
         self._ready_checks: dict[int, asyncio.Future] = {}
+        self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
 
     # ---- lifecycle -----------------------------------------------------
 
@@ -91,27 +95,21 @@ class WorkerInstance(BackendInstance):
         loop = asyncio.get_running_loop()
         front, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fd_front, fd_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p
-        )
-        cmd = [
-            sys.executable,
-            "-m",
+        cmd, env = (self.command or server_command()).module(
             "backends.python.worker",
             "--channel-fd",
             str(worker.fileno()),
             "--fd-channel-fd",
             str(fd_worker.fileno()),
             "--model-file",
-            str(self.source.version_dir / self._model_filename()),
+            str(self.model_file),
             "--instance-name",
             self.name,
             "--shm-default-byte-size",
             str(self.settings.shm_default_byte_size),
             "--shm-growth-byte-size",
             str(self.settings.shm_growth_byte_size),
-        ]
+        )
         self.process = await asyncio.create_subprocess_exec(
             *cmd, pass_fds=(worker.fileno(), fd_worker.fileno()), env=env
         )
@@ -138,6 +136,7 @@ class WorkerInstance(BackendInstance):
             self._kill()
             raise KernelError(ErrorCode.INTERNAL, error)
         self.healthy = True
+        self.notify_available()
         log.info("TRITONBACKEND_ModelInstanceInitialize: %s (%s device %d)", self.name, self.kind[5:], self.device_id)
 
     def _model_filename(self) -> str:
@@ -234,6 +233,10 @@ class WorkerInstance(BackendInstance):
     def in_flight(self) -> int:
         return len(self._pending)
 
+    @property
+    def executing(self) -> int:
+        return self._executing
+
     def submit(self, requests: list[InferRequest]) -> None:
         if not self.healthy:
             error = KernelError(ErrorCode.INTERNAL, f"Stub process '{self.name}' is not healthy.")
@@ -260,9 +263,11 @@ class WorkerInstance(BackendInstance):
                     request.correlation_id,
                     request.flags,
                     msgspec.json.encode(request.parameters).decode() if request.parameters else "{}",
+                    request.arrival_ns,
                 )
             )
             request.add_cancel_callback(functools.partial(self._send_cancel, key))
+        self._executing += 1
         self.channel.send(messages.Execute(batch))
 
     def _send_cancel(self, key: int) -> None:
@@ -274,6 +279,10 @@ class WorkerInstance(BackendInstance):
     def _on_message(self, msg) -> None:
         if type(msg) is messages.Responses:
             self._on_responses(msg.responses)
+            if msg.executions:
+                self._on_executions(msg.executions)
+        elif type(msg) is messages.MetricOps:
+            _handle_metric_ops(self, getattr(self.core, "custom_metrics", None), msg.ops)
         elif type(msg) is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self._fd_sock, 1, 1)
             self._peer.add(msg.segment, fds[0], msg.size)
@@ -310,6 +319,9 @@ class WorkerInstance(BackendInstance):
                 del self._pending[r.key]
                 for seg, off in self._input_regions.pop(r.key, ()):
                     self._arena.free(seg, off)
+            if r.reschedule:
+                self._reschedule(request)
+                continue
             if r.error is not None:
                 response = InferResponse(
                     source.name, version, request.id,
@@ -325,6 +337,27 @@ class WorkerInstance(BackendInstance):
                 log.exception("response callback failed for model '%s'", source.name)
         if release:
             self.channel.send(messages.Release(release))
+
+    # ---- schedulers and statistics: finished executions, rescheduled requests ----
+
+    def _on_executions(self, executions: list[messages.Execution]) -> None:
+        self._executing = max(0, self._executing - len(executions))
+        stats = self.stats
+        if stats is not None:
+            for e in executions:
+                stats.record_execution(e)
+        self.notify_available()
+
+    def _reschedule(self, request: InferRequest) -> None:
+        """The model released the request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
+        if request.on_reschedule is not None:
+            request.on_reschedule(request)
+            return
+        _respond_error(request, KernelError(
+            ErrorCode.INVALID_ARG,
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
+            "configured to handle such a flag.",
+        ), self.source)
 
     def _unpack(self, t: messages.Tensor, release: list) -> InferTensor:
         if t.data is not None:
@@ -417,8 +450,16 @@ class WorkerInstance(BackendInstance):
             ErrorCode.INTERNAL,
             f"Failed to process the request(s) for model instance '{self.name}', message: {message}",
         )
+        stats = self.stats
         for request in pending.values():
+            if stats is not None and request.arrival_ns:
+                stats.record_failure("BACKEND", time.monotonic_ns() - request.arrival_ns)
             _respond_error(request, error, self.source)
+        metrics = getattr(self.core, "custom_metrics", None)
+        if metrics is not None:
+            metrics.drop_owner(self)
+        self._executing = 0
+        self.notify_available()
 
     def _announce_segment(self, index: int, segment) -> None:
         socket.send_fds(self._fd_sock, [b"\0"], [segment.fd])

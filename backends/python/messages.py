@@ -31,6 +31,7 @@ class Request(msgspec.Struct, array_like=True, omit_defaults=True):
     correlation_id: Union[int, str] = 0
     flags: int = 0
     parameters: str = "{}"  # JSON object, as request.parameters() returns it
+    arrival_ns: int = 0  # when the core accepted it (monotonic clock); 0: not counted in statistics
 
 
 class Error(msgspec.Struct, array_like=True):
@@ -45,6 +46,7 @@ class Response(msgspec.Struct, array_like=True, omit_defaults=True):
     parameters: str = ""
     final: bool = True
     has_response: bool = True  # False: a bare FINAL flag with no response object
+    reschedule: bool = False  # released with RELEASE_RESCHEDULE: run it again, no response
 
 
 # front -> worker
@@ -104,8 +106,28 @@ class ReadyResult(msgspec.Struct, tag="ready_result", array_like=True):
     reason: str = ""
 
 
+class Execution(msgspec.Struct, array_like=True):
+    """One finished execute() call, for statistics (see kernel.stats.ModelStats.record_execution).
+
+    Times are time.monotonic_ns(): start/input_end bracket turning the inputs
+    into pb_utils requests, input_end..output_start is the model's execute,
+    output_start..end turning its results into responses.
+    """
+
+    batch_size: int  # summed batch size of the requests it ran; 0: it ran nothing
+    start: int
+    input_end: int
+    output_start: int
+    end: int
+    inference_count: int = 0  # summed batch size of the requests that succeeded
+    ok_request_ns: list[int] = []  # per successful request: arrival -> end
+    ok_queue_ns: list[int] = []  # per successful request: arrival -> start
+    fail_ns: list[int] = []  # per failed request: arrival -> end
+
+
 class Responses(msgspec.Struct, tag="responses", array_like=True):
     responses: list[Response]
+    executions: list[Execution] = []  # execute() calls that finished (one per Execute message)
 
 
 class Finalized(msgspec.Struct, tag="finalized", array_like=True):
@@ -131,6 +153,38 @@ class BlsResponses(msgspec.Struct, tag="bls_responses", array_like=True):
     responses: list[Response]  # Response.key is the BLS call's key
 
 
+# custom metrics (pb_utils.MetricFamily / Metric): worker -> front, replies front -> worker
+
+
+class MetricOp(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One custom-metric operation. Ids are the worker's own handles."""
+
+    op: int  # see METRIC_* below
+    id: int
+    value: float = 0.0
+    key: int = 0  # non-zero: the worker waits for a MetricReply with this key
+    family: int = 0  # METRIC_NEW: the family's id
+    name: str = ""  # FAMILY_NEW
+    description: str = ""  # FAMILY_NEW
+    kind: int = 0  # FAMILY_NEW: 0 counter, 1 gauge, 2 histogram
+    labels: dict[str, str] = {}  # METRIC_NEW
+    buckets: Optional[list[float]] = None  # METRIC_NEW (histograms)
+
+
+METRIC_FAMILY_NEW, METRIC_FAMILY_DELETE, METRIC_NEW, METRIC_DELETE = 1, 2, 3, 4
+METRIC_INCREMENT, METRIC_SET, METRIC_OBSERVE, METRIC_VALUE = 5, 6, 7, 8
+
+
+class MetricOps(msgspec.Struct, tag="metric_ops", array_like=True):
+    ops: list[MetricOp]
+
+
+class MetricReply(msgspec.Struct, tag="metric_reply", array_like=True):
+    key: int
+    value: float = 0.0
+    error: Optional[str] = None
+
+
 # both directions: an arena segment was created; its fd follows on the fd channel.
 
 
@@ -139,5 +193,5 @@ class SegmentAdded(msgspec.Struct, tag="segment", array_like=True):
     size: int
 
 
-ToWorker = Union[Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, BlsResponses, CheckReady]
-ToFront = Union[Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult]
+ToWorker = Union[Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, BlsResponses, CheckReady, MetricReply]
+ToFront = Union[Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult, MetricOps]

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import numpy as np
 from backends.python import messages, wire
 from backends.python.arena import Arena, PeerArena
 from backends.python.bls import BlsClient
+from backends.python.metrics_client import MetricsClient
 from backends.python.model_thread import ModelThread
 from backends.python.framing import MessageChannel
 from kernel import datatypes
@@ -126,6 +128,10 @@ class Worker:
         self._flush_scheduled = False
         self.bls = BlsClient(self)
         pb_utils._bls_handler = self.bls
+        self.metrics = MetricsClient(self)
+        pb_utils._metrics_handler = self.metrics
+        self.max_batch_size = 0
+        self._executions: list[messages.Execution] = []
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -165,6 +171,8 @@ class Worker:
                 sink.cancelled = True
         elif kind is messages.BlsResponses:
             self.bls.on_responses(msg.responses)
+        elif kind is messages.MetricReply:
+            self.metrics.on_reply(msg)
         elif kind is messages.Release:
             for seg, off in msg.regions:
                 self.arena.free(seg, off)
@@ -188,12 +196,14 @@ class Worker:
             log_format=settings.format,
         )
         server_log.configure(settings.verbose, settings.info, settings.warning, settings.error, settings.format)
-        pb_utils._set_model_dir(str(Path(self.model_file).parent))
+        # The model's version folder, also when model.py is a Python-based backend's.
+        pb_utils._set_model_dir(str(Path(args["model_repository"]) / args["model_version"]))
         try:
             config = json.loads(args["model_config"])
             self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
             self.model_name = args["model_name"]
             self.model_version = int(args["model_version"])
+            self.max_batch_size = int(config.get("max_batch_size", 0) or 0)
             self.output_names = [o["name"] for o in config.get("output", [])]
             cls = load_model_class(self.model_file)
             self.model = cls()
@@ -266,7 +276,7 @@ class Worker:
 
     def execute(self, wire_requests: list[messages.Request]) -> None:
         requests = []
-        keys = []
+        keys = _Batch(time.monotonic_ns())
         for r in wire_requests:
             requested = r.requested_outputs or None
             sink = ResponseSink(self, r.key, requested)
@@ -275,6 +285,8 @@ class Worker:
                 inputs = [self._input_tensor(t) for t in r.inputs]
             except ValueError as exc:
                 self.send_error(sink, "INVALID_ARG", str(exc))
+                if r.arrival_ns:
+                    keys.failed_early.append(r.arrival_ns)
                 continue
             sink.sender = pb_utils.InferenceResponseSender(sink, self.decoupled, requested)
             request = pb_utils.InferenceRequest._server_side(
@@ -291,20 +303,31 @@ class Worker:
             )
             requests.append(request)
             keys.append(r.key)
+            keys.meta.append((r.arrival_ns, _batch_size(r, self.max_batch_size)))
+        keys.requests = requests
+        keys.input_end = time.monotonic_ns()
         if not requests:
+            self._report_execution(keys, None, None)
             return
         if self.async_execute:
             asyncio.ensure_future(self._execute_async(requests, keys))
         else:
-            self.model_thread.call(self.model.execute, (requests,), self._finish, keys)
+            self.model_thread.call(keys.run, (self.model.execute, requests), self._finish_timed, keys)
 
     async def _execute_async(self, requests, keys) -> None:
+        keys.exec_start = time.monotonic_ns()
         try:
             result = await self.model.execute(requests)
         except BaseException as exc:  # noqa: BLE001
-            self._finish(keys, None, exc)
+            keys.exec_end = time.monotonic_ns()
+            self._finish_timed(keys, None, exc)
             return
-        self._finish(keys, result, None)
+        keys.exec_end = time.monotonic_ns()
+        self._finish_timed(keys, result, None)
+
+    def _finish_timed(self, keys, result, exc) -> None:
+        self._finish(keys, result, exc)
+        self._report_execution(keys, result, exc)
 
     def _finish(self, keys, result, exc) -> None:
         sinks = [self.sinks[k] for k in keys if k in self.sinks]
@@ -318,6 +341,7 @@ class Worker:
             return
         if result is None:
             # Responses go (or went) through the response senders.
+            self._reschedule_released(keys)
             return
         if self.decoupled:
             self._fail_open(
@@ -336,9 +360,19 @@ class Worker:
                 f"objects. InferenceRequest(s) size is:{len(keys)}, and InferenceResponse(s) size is:{len(result)}\n",
             )
             return
-        for key, response in zip(keys, result):
+        requests = getattr(keys, "requests", None) or [None] * len(keys)
+        for key, response, request in zip(keys, result, requests):
             sink = self.sinks.get(key)
             if sink is None:
+                continue
+            if request is not None and request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                self.sinks.pop(key, None)
+                if response is None:
+                    self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
+                else:
+                    self.send_error(sink, "INTERNAL", (
+                        "Expected a None object in the execute function return list for reschduled request, "
+                        f"found type '{type(response)}'."))
                 continue
             try:
                 sink.sender._update_state(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -408,6 +442,44 @@ class Worker:
             raw = memoryview(arr).cast("B") if arr.size else b""
         return wire.pack(tensor.name(), datatype, arr.shape, raw, self.arena)
 
+    # ---- statistics and rescheduling (see kernel.stats, kernel.sequence_batcher) ----
+
+    def _reschedule_released(self, keys) -> None:
+        """Decoupled: requests released with RELEASE_RESCHEDULE before execute returned."""
+        for key, request in zip(keys, getattr(keys, "requests", ())):
+            if request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                continue
+            sink = self.sinks.pop(key, None)
+            if sink is not None and not sink.sender._is_closed():
+                self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
+
+    def _report_execution(self, batch: "_Batch", result, exc) -> None:
+        """One Execution record per Execute message: the front's statistics and schedulers need it."""
+        end = time.monotonic_ns()
+        input_end = batch.input_end or end
+        exec_start = batch.exec_start or input_end
+        exec_end = batch.exec_end or end
+        start = exec_start - (input_end - batch.start)  # input preparation, moved up to when execute began
+        ok_request: list[int] = []
+        ok_queue: list[int] = []
+        failed = [end - a for a in batch.failed_early]
+        inference_count = 0
+        total = 0
+        outcomes = _outcomes(batch, result, exc, self.decoupled)
+        for (arrival, bs), outcome in zip(batch.meta, outcomes):
+            total += bs
+            if not arrival or outcome is None:
+                continue
+            if outcome:
+                ok_request.append(end - arrival)
+                ok_queue.append(max(0, start - arrival))
+                inference_count += bs
+            else:
+                failed.append(end - arrival)
+        self._executions.append(messages.Execution(
+            total, start, exec_start, exec_end, end, inference_count, ok_request, ok_queue, failed))
+        self._schedule_flush()
+
     def _queue(self, response: messages.Response) -> None:
         # Responses finished in the same loop iteration travel in one message.
         self._outbox.append(response)
@@ -427,13 +499,61 @@ class Worker:
         self._flush_scheduled = False
         out, self._outbox = self._outbox, []
         releases, self._peer_releases = self._peer_releases, []
+        executions, self._executions = self._executions, []
         try:
-            if out:
-                self.channel.send(messages.Responses(out))
+            if out or executions:
+                self.channel.send(messages.Responses(out, executions))
             if releases:
                 self.channel.send(messages.Release(releases))
         except ConnectionError:
             pass
+
+
+class _Batch(list):
+    """The keys of one Execute message, with what its statistics need."""
+
+    def __init__(self, start: int):
+        super().__init__()
+        self.start = start
+        self.input_end = 0
+        self.exec_start = 0
+        self.exec_end = 0
+        self.meta: list[tuple[int, int]] = []  # (arrival_ns, batch size) per request handed to execute
+        self.failed_early: list[int] = []  # arrival_ns of requests failed before execute
+        self.requests: list = []
+
+    def run(self, execute, requests):
+        """On the model thread: execute, timed."""
+        self.exec_start = time.monotonic_ns()
+        try:
+            return execute(requests)
+        finally:
+            self.exec_end = time.monotonic_ns()
+
+
+def _batch_size(r: messages.Request, max_batch_size: int) -> int:
+    if max_batch_size > 0 and r.inputs and r.inputs[0].shape:
+        return max(1, r.inputs[0].shape[0])
+    return 1
+
+
+def _outcomes(batch: _Batch, result, exc, decoupled: bool) -> list:
+    """Per request handed to execute: True succeeded, False failed, None neither (rescheduled)."""
+    n = len(batch.meta)
+    if exc is not None:
+        return [False] * n
+    if result is None:
+        return [None if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE else True
+                for r in batch.requests]
+    if decoupled or not isinstance(result, list) or len(result) != n:
+        return [False] * n
+    out = []
+    for request, response in zip(batch.requests, result):
+        if request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            out.append(None if response is None else False)
+        else:
+            out.append(isinstance(response, pb_utils.InferenceResponse) and not response.has_error())
+    return out
 
 
 def main(argv=None) -> None:

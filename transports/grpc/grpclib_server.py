@@ -23,7 +23,7 @@ from grpclib.server import Server as _GrpclibServer
 from kernel.errors import KernelError
 from transports.grpc import codec
 from transports.grpc.protos import grpc_service_pb2 as pb
-from transports.grpc.service import SERVICE, InferenceService, StreamError
+from transports.grpc.service import SERVICE, InferenceService, StreamError, drive_stream
 
 log = logging.getLogger("kernel.grpc")
 
@@ -62,8 +62,8 @@ def _internal(exc: Exception) -> GRPCError:
 async def _recv(stream):
     try:
         return await stream.recv_message()
-    except DecodeError as exc:
-        raise GRPCError(Status.INTERNAL, f"failed to parse the request message: {exc}") from None
+    except DecodeError:
+        raise GRPCError(Status.INTERNAL, "Unable to parse request") from None
 
 
 class _Codec:
@@ -129,16 +129,18 @@ class GrpclibBinding:
     async def _model_stream_infer(self, stream) -> None:
         metadata = stream.metadata or {}
         grpc_error_mode = metadata.get("triton_grpc_error") == "true"
-        session = self.service.stream_session(stream.send_message, grpc_error_mode)
         try:
-            await session.run(_messages(stream))
+            await drive_stream(self.service, _messages(stream), stream.send_message, grpc_error_mode)
         except StreamError as exc:
             raise GRPCError(Status(exc.code), exc.message) from None
 
 
 async def _messages(stream):
     while True:
-        msg = await _recv(stream)
+        try:
+            msg = await stream.recv_message()
+        except DecodeError:
+            return  # as gRPC C++ servers do: an unparsable message ends the reading side
         if msg is None:
             return
         yield msg

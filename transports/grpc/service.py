@@ -1,11 +1,12 @@
 """What each GRPCInferenceService RPC does, independent of the gRPC server library.
 
 `InferenceService` implements the unary RPCs as plain methods from a request
-message to a response message (raising KernelError on failure) and the
-bidirectional ModelStreamInfer as a `StreamSession` driven by two callables:
-an async iterator of incoming requests and an async `send`. The bindings in
-grpclib_server.py (and grpcio_server.py) only move bytes and map errors to
-gRPC statuses, so the server library can be swapped without touching this.
+message to a response message (raising KernelError on failure), ModelInfer as
+submit-plus-callback (`start_infer`) with a coroutine wrapper, and the
+bidirectional ModelStreamInfer as a `StreamSession` that the binding feeds
+requests and drains responses from. The bindings (native_server.py,
+grpclib_server.py, grpcio_server.py) only move bytes and map errors to gRPC
+statuses, so the server library can be swapped without touching this.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import collections
 import inspect
 import logging
 from typing import AsyncIterator, Awaitable, Callable, Optional
+
+from google.protobuf import json_format
 
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import InferRequest, InferResponse
@@ -84,8 +87,12 @@ class InferenceService:
 
     # ---- features Kernel does not have yet -------------------------------------
 
-    def ModelStatistics(self, msg):
-        raise _unsupported("model statistics (ModelStatistics)")
+    def ModelStatistics(self, msg) -> pb.ModelStatisticsResponse:
+        statistics = getattr(self.server, "statistics", None)
+        if statistics is None:
+            raise _unsupported("model statistics (ModelStatistics)")
+        # The core renders the statistics extension's JSON, whose field names are the proto's.
+        return json_format.ParseDict(statistics(msg.name, msg.version), pb.ModelStatisticsResponse())
 
     def RepositoryIndex(self, msg):
         raise _unsupported("model repository control (RepositoryIndex)")
@@ -126,7 +133,12 @@ class InferenceService:
         codec.check_version(version)
         return self.server.model(name, version)
 
-    async def ModelInfer(self, msg) -> pb.ModelInferResponse:
+    def start_infer(self, msg, on_done: Callable[[InferResponse], None]) -> InferRequest:
+        """Validate and submit a ModelInfer request; `on_done` gets its one response.
+
+        Raises KernelError when the request is refused. The returned core
+        request is what to cancel if the client goes away first.
+        """
         model = self._lookup(msg.model_name, msg.model_version)
         if model.decoupled:
             raise KernelError(
@@ -134,9 +146,23 @@ class InferenceService:
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             )
         request, _ = codec.parse_infer_request(msg)
-        future = asyncio.get_running_loop().create_future()
-        request.on_response = _single_response(future)
+        request.on_response = _once(on_done)
         self.server.submit(request)
+        return request
+
+    @staticmethod
+    def infer_reply(response: InferResponse) -> pb.ModelInferResponse:
+        """The ModelInferResponse for a response; raises its KernelError if it failed."""
+        if response.error is not None:
+            raise response.error
+        out = _ModelInferResponse()
+        codec.fill_infer_response(out, response)
+        return out
+
+    async def ModelInfer(self, msg) -> pb.ModelInferResponse:
+        """ModelInfer for server libraries that run each call as a coroutine."""
+        future = asyncio.get_running_loop().create_future()
+        request = self.start_infer(msg, future.set_result)
         self.active_infers += 1
         try:
             response = await future
@@ -146,27 +172,83 @@ class InferenceService:
             raise
         finally:
             self.active_infers -= 1
-        if response.error is not None:
-            raise response.error
-        out = _ModelInferResponse()
-        codec.fill_infer_response(out, response)
-        return out
+        return self.infer_reply(response)
 
-    def stream_session(self, send: Callable[[object], Awaitable[None]], grpc_error_mode: bool = False):
-        return StreamSession(self, send, grpc_error_mode)
+    def stream_session(self, on_ready: Callable[[], None], grpc_error_mode: bool = False) -> "StreamSession":
+        return StreamSession(self, on_ready, grpc_error_mode)
 
     def busy(self) -> bool:
         return self.active_infers > 0 or any(s.inflight for s in self.sessions)
 
 
-def _single_response(future: asyncio.Future) -> Callable[[InferResponse], None]:
-    """on_response for a unary call to a non-decoupled model: exactly one response."""
+def _once(on_done: Callable[[InferResponse], None]) -> Callable[[InferResponse], None]:
+    """on_response for a unary call to a non-decoupled model: the first response is the answer."""
+    done = False
 
     def on_response(response: InferResponse) -> None:
-        if not future.done():
-            future.set_result(response)
+        nonlocal done
+        if not done:
+            done = True
+            on_done(response)
 
     return on_response
+
+
+async def drive_stream(
+    service: InferenceService,
+    requests: AsyncIterator,
+    send: Callable[[object], Awaitable[None]],
+    grpc_error_mode: bool = False,
+) -> None:
+    """Serve one ModelStreamInfer call for a server library that runs calls as coroutines.
+
+    `requests` yields ModelInferRequest messages until the client half-closes;
+    `send` writes one ModelStreamInferResponse. Raises StreamError to end the
+    call with a status, or whatever `requests` raised.
+    """
+    loop = asyncio.get_running_loop()
+    wake: Optional[asyncio.Future] = None
+    read_error: Optional[BaseException] = None
+
+    def on_ready() -> None:
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    session = service.stream_session(on_ready, grpc_error_mode)
+
+    async def read() -> None:
+        nonlocal read_error
+        try:
+            async for msg in requests:
+                session.handle(msg)
+                if session.error is not None:
+                    return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - handed to the call's coroutine below
+            read_error = exc
+            on_ready()
+            return
+        session.end_of_input()
+
+    reader = asyncio.ensure_future(read())
+    try:
+        outbox = session.outbox
+        while True:
+            while outbox:
+                await send(outbox.popleft())
+            if session.finished or read_error is not None:
+                break
+            wake = loop.create_future()
+            await wake
+    finally:
+        if not reader.done():
+            reader.cancel()
+        session.cancel()
+    if session.error is not None:
+        raise session.error
+    if read_error is not None:
+        raise read_error
 
 
 class StreamError(Exception):
@@ -179,89 +261,67 @@ class StreamError(Exception):
 
 
 class StreamSession:
-    """One ModelStreamInfer call.
+    """One ModelStreamInfer call, driven by whichever server library carries it.
 
-    Requests are read and submitted as they arrive; responses are written by
-    one writer loop in the order Triton writes them: responses to ordinary
+    The binding feeds it requests (`handle`), tells it when the client has
+    finished sending (`end_of_input`) or has gone away (`cancel`), and writes
+    out what appears in `outbox` whenever `on_ready` is called. The call is
+    over when `finished` is true and the outbox is empty; `error` then says
+    whether it ends with a non-OK status.
+
+    Responses leave in the order Triton writes them: responses to ordinary
     models in the order their requests arrived, responses from decoupled
     models as soon as they are produced. A failed request gets an in-stream
     error_message and the stream carries on; with the client header
-    `triton_grpc_error: true` the first failure ends the stream with its gRPC
-    status instead. When the client closes its side, the call ends once every
-    request has sent its final response.
+    `triton_grpc_error: true` the first failed response ends the stream with
+    its gRPC status instead.
     """
 
-    def __init__(self, service: InferenceService, send, grpc_error_mode: bool):
+    def __init__(self, service: InferenceService, on_ready: Callable[[], None], grpc_error_mode: bool):
         self.service = service
         self.server = service.server
-        self.send = send
+        self.on_ready = on_ready
         self.grpc_error_mode = grpc_error_mode
         self.outbox: collections.deque = collections.deque()
         self.ordered: collections.deque = collections.deque()  # [message or None] slots
         self.inflight: dict[int, InferRequest] = {}
         self.reading_done = False
-        self.read_error: Optional[BaseException] = None
         self.error: Optional[StreamError] = None
-        self._wake: Optional[asyncio.Future] = None
         self._ids = 0
+        service.sessions.add(self)
 
-    # ---- driving the call --------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or (self.reading_done and not self.inflight and not self.ordered)
 
-    async def run(self, requests: AsyncIterator) -> None:
-        """Serve the call to its end; raises StreamError to end it with a status."""
-        self.service.sessions.add(self)
-        reader = asyncio.ensure_future(self._read(requests))
-        try:
-            await self._write_loop()
-        finally:
-            self.service.sessions.discard(self)
-            if not reader.done():
-                reader.cancel()
-            self._cancel_inflight()
-        if self.error is not None:
-            raise self.error
-        if self.read_error is not None:
-            raise self.read_error
-
-    async def _read(self, requests: AsyncIterator) -> None:
-        try:
-            async for msg in requests:
-                if self.error is not None:
-                    break
-                self.handle(msg)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - handed to the call's coroutine
-            self.read_error = exc
+    def end_of_input(self) -> None:
         self.reading_done = True
-        self._notify()
+        self._closed_if_finished()
+        self.on_ready()
 
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        outbox = self.outbox
-        while True:
-            while outbox:
-                await self.send(outbox.popleft())
-            if self.error is not None or self.read_error is not None:
-                return
-            if self.reading_done and not self.inflight and not self.ordered:
-                return
-            self._wake = loop.create_future()
-            await self._wake
+    def fail(self, code: int, message: str) -> None:
+        """End the call with a status (e.g. an unparsable message); in-flight requests are cancelled."""
+        if self.error is None:
+            self.error = StreamError(code, message)
+        self.cancel()
+        self.on_ready()
 
-    def _notify(self) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-
-    def _cancel_inflight(self) -> None:
+    def cancel(self) -> None:
+        """The client went away or the call ended early: cancel what is still running."""
+        self.service.sessions.discard(self)
         inflight, self.inflight = self.inflight, {}
         for request in inflight.values():
             request.cancel()
 
+    def _closed_if_finished(self) -> None:
+        if self.finished:
+            self.service.sessions.discard(self)
+
     # ---- one request -------------------------------------------------------------
 
     def handle(self, msg) -> None:
+        if self.error is not None:
+            return
         slot = None
         decoupled = False
         request = None
@@ -320,7 +380,8 @@ class StreamSession:
             elif decoupled and final and not response.outputs and not response.parameters:
                 # The model only closed the response stream (FINAL flag, no data).
                 if not empty_final:
-                    self._notify()
+                    self._closed_if_finished()
+                    self.on_ready()
                     return
                 out = _ModelStreamInferResponse()
                 ir = out.infer_response
@@ -344,8 +405,8 @@ class StreamSession:
             ordered = self.ordered
             while ordered and ordered[0][0] is not None:
                 self.outbox.append(ordered.popleft()[0])
-        self._notify()
+        self._closed_if_finished()
+        self.on_ready()
 
     def _fail(self, error: KernelError) -> None:
-        self.error = StreamError(codec.status_code(error), error.message)
-        self._notify()
+        self.fail(codec.status_code(error), error.message)

@@ -1,15 +1,16 @@
 """The gRPC endpoint: GRPCInferenceService on the front process's event loop.
 
-grpclib serves it by default. The RPC logic lives in service.py and knows
-nothing of the server library, so another binding (grpcio's asyncio server,
-kept for measurement in grpcio_server.py) can be chosen with
-`GrpcOptions(server_library="grpcio")`.
+Kernel's own HTTP/2 server (native_server.py) carries it by default. The RPC
+logic lives in service.py and knows nothing of the server library, so grpclib
+(grpclib_server.py) or grpcio's asyncio server (grpcio_server.py) can carry
+it instead: `GrpcOptions(server_library="grpclib")`, or KERNEL_GRPC_SERVER.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import ssl
 from dataclasses import dataclass
 from typing import Optional
@@ -20,7 +21,16 @@ from transports.grpc.service import InferenceService
 
 log = logging.getLogger("kernel.grpc")
 
-SERVER_LIBRARIES = ("grpclib", "grpcio")
+# "native": Kernel's own HTTP/2 server (native_server.py), the default because it
+# measures fastest; "grpclib" and "grpcio" carry the same service through those
+# libraries (see benchmarks/results/grpc_servers.md).
+SERVER_LIBRARIES = ("native", "grpclib", "grpcio")
+DEFAULT_SERVER_LIBRARY = "native"
+
+
+def _default_library() -> str:
+    # KERNEL_GRPC_SERVER lets tests and benchmarks pick the library without a flag.
+    return os.environ.get("KERNEL_GRPC_SERVER", DEFAULT_SERVER_LIBRARY)
 
 
 @dataclass
@@ -39,8 +49,8 @@ class GrpcOptions:
     server_cert: str = ""
     server_key: str = ""
     root_cert: str = ""
-    # Kernel only: which gRPC server library carries the service.
-    server_library: str = "grpclib"
+    # Kernel only: which server carries the service (one of SERVER_LIBRARIES).
+    server_library: str = dataclasses.field(default_factory=_default_library)
 
     def __post_init__(self) -> None:
         if self.server_library not in SERVER_LIBRARIES:
@@ -129,7 +139,12 @@ class GrpcTransport(Transport):
 
     async def start(self) -> str:
         ssl_context = self.options.ssl_context()
-        if self.options.server_library == "grpcio":
+        library = self.options.server_library
+        if library == "native":
+            from transports.grpc.native_server import NativeServer
+
+            self._impl = NativeServer(self.service, self.options)
+        elif library == "grpcio":
             from transports.grpc.grpcio_server import GrpcioServer
 
             self._impl = GrpcioServer(self.service, self.options)

@@ -15,7 +15,7 @@ from typing import Optional
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import collect_single_response
 from kernel.server import Server
-from transports.http import codec
+from transports.http import codec, generate
 
 log = logging.getLogger("kernel.http")
 
@@ -57,7 +57,10 @@ class HttpApp:
         path: str = scope["path"]
         method: str = scope["method"]
         try:
-            if path.startswith("/v2/models/"):
+            if path == "/v2/models/stats":  # statistics extension, every model
+                self._require(method, "GET")
+                await _json(send, 200, self.server.statistics())
+            elif path.startswith("/v2/models/"):
                 await self._model_route(path[11:], method, scope, receive, send)
             elif path == "/v2/health/live":
                 await _status_only(send, 200 if self.server.live else 400)
@@ -107,6 +110,12 @@ class HttpApp:
         elif action == "config":
             self._require(method, "GET")
             await _json(send, 200, self.server.model_config(name, version))
+        elif action == "stats":
+            self._require(method, "GET")
+            await _json(send, 200, self.server.statistics(name, version))
+        elif action in ("generate", "generate_stream"):  # generate extension (transports/http/generate.py)
+            self._require(method, "POST")
+            await generate.handle_generate(self, name, version, action == "generate_stream", scope, receive, send)
         else:
             await _error(send, 404, "Not Found")
 

@@ -1,0 +1,174 @@
+"""Custom metrics across the process boundary.
+
+Worker side: `MetricsClient`, installed as `pb_utils._metrics_handler`. Metric
+operations are fire-and-forget messages (batched per loop iteration, in
+order); only creating a family (which can fail on a kind conflict with another
+model) and reading a value wait for the front process's answer, and only when
+called from the model's thread. Called on the worker's event loop (an
+`async def execute`) they cannot wait: a family is then checked against what
+this worker knows, and `value()` answers from this worker's own view.
+
+Front side: `handle_ops`, which applies the operations to the server's
+kernel.metrics.CustomMetrics on behalf of one worker instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+
+from backends.python import messages
+
+log = logging.getLogger("kernel.python")
+
+_OPS = {"increment": messages.METRIC_INCREMENT, "set": messages.METRIC_SET, "observe": messages.METRIC_OBSERVE}
+_REPLY_TIMEOUT_S = 30.0
+
+
+def _on_loop(loop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+class MetricsClient:
+    def __init__(self, worker) -> None:
+        self.worker = worker
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._kinds: dict[str, int] = {}
+        self._mirror: dict[int, float] = {}
+        self._waiting: dict[int, concurrent.futures.Future] = {}
+        self._outbox: list[messages.MetricOp] = []
+        self._flush_pending = False
+
+    # ---- pb_utils handler contract ------------------------------------------------
+
+    def family_new(self, name: str, description: str, kind: int) -> int:
+        import triton_python_backend_utils as pb_utils
+
+        with self._lock:
+            known = self._kinds.get(name)
+            fid = next(self._ids)
+        if known is not None and known != kind:
+            raise pb_utils.TritonModelException(
+                "Error when creating MetricFamily: Family name already exists with different type"
+            )
+        op = messages.MetricOp(messages.METRIC_FAMILY_NEW, fid, name=name, description=description, kind=kind)
+        if not _on_loop(self.worker.loop):
+            reply = self._call(op)
+            if reply.error:
+                raise pb_utils.TritonModelException(f"Error when creating MetricFamily: {reply.error}")
+        else:
+            self._send(op)
+        with self._lock:
+            self._kinds[name] = kind
+        return fid
+
+    def family_delete(self, family_id: int) -> None:
+        self._send(messages.MetricOp(messages.METRIC_FAMILY_DELETE, family_id))
+
+    def metric_new(self, family_id: int, kind: int, labels: dict, buckets) -> int:
+        with self._lock:
+            mid = next(self._ids)
+        self._mirror[mid] = 0.0
+        self._send(messages.MetricOp(messages.METRIC_NEW, mid, family=family_id, labels=labels, buckets=buckets))
+        return mid
+
+    def metric_delete(self, metric_id: int) -> None:
+        self._mirror.pop(metric_id, None)
+        self._send(messages.MetricOp(messages.METRIC_DELETE, metric_id))
+
+    def update(self, metric_id: int, op: str, value: float) -> None:
+        if op == "increment":
+            self._mirror[metric_id] = self._mirror.get(metric_id, 0.0) + value
+        elif op == "set":
+            self._mirror[metric_id] = value
+        self._send(messages.MetricOp(_OPS[op], metric_id, value))
+
+    def value(self, metric_id: int) -> float:
+        if _on_loop(self.worker.loop):
+            return self._mirror.get(metric_id, 0.0)
+        reply = self._call(messages.MetricOp(messages.METRIC_VALUE, metric_id))
+        if reply.error:
+            import triton_python_backend_utils as pb_utils
+
+            raise pb_utils.TritonModelException(f"Failed to get metric value: {reply.error}")
+        return reply.value
+
+    # ---- plumbing -------------------------------------------------------------------
+
+    def _call(self, op: messages.MetricOp) -> messages.MetricReply:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            op.key = next(self._ids)
+            self._waiting[op.key] = future
+        self._send(op)
+        try:
+            return future.result(_REPLY_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            self._waiting.pop(op.key, None)
+            return messages.MetricReply(op.key, error="the server did not answer")
+
+    def _send(self, op: messages.MetricOp) -> None:
+        with self._lock:
+            self._outbox.append(op)
+            if self._flush_pending:
+                return
+            self._flush_pending = True
+        self.worker.call_on_loop(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            ops, self._outbox = self._outbox, []
+            self._flush_pending = False
+        if ops:
+            try:
+                self.worker.channel.send(messages.MetricOps(ops))
+            except (ConnectionError, AttributeError):
+                pass
+
+    def on_reply(self, reply: messages.MetricReply) -> None:
+        future = self._waiting.pop(reply.key, None)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+
+def handle_ops(instance, registry, ops: list[messages.MetricOp]) -> None:
+    """Apply a worker's metric operations to the server's CustomMetrics (front process)."""
+    from kernel.metrics import MetricError
+
+    for op in ops:
+        value = 0.0
+        try:
+            if registry is None:
+                raise MetricError("metrics are not available")
+            kind = op.op
+            if kind == messages.METRIC_INCREMENT:
+                registry.increment(instance, op.id, op.value)
+            elif kind == messages.METRIC_SET:
+                registry.set(instance, op.id, op.value)
+            elif kind == messages.METRIC_OBSERVE:
+                registry.observe(instance, op.id, op.value)
+            elif kind == messages.METRIC_VALUE:
+                value = registry.value(instance, op.id)
+            elif kind == messages.METRIC_NEW:
+                registry.metric_new(instance, op.id, op.family, op.labels, op.buckets)
+            elif kind == messages.METRIC_DELETE:
+                registry.metric_delete(instance, op.id)
+            elif kind == messages.METRIC_FAMILY_NEW:
+                registry.family_new(instance, op.id, op.name, op.description, op.kind)
+            elif kind == messages.METRIC_FAMILY_DELETE:
+                registry.family_delete(instance, op.id)
+        except MetricError as exc:
+            if op.key:
+                instance.channel.send(messages.MetricReply(op.key, error=str(exc)))
+            else:
+                log.error("custom metric operation from '%s' failed: %s", instance.name, exc)
+            continue
+        if op.key:
+            instance.channel.send(messages.MetricReply(op.key, value))

@@ -1,0 +1,228 @@
+"""Dynamic batching: Kernel vs real Triton on the same batching model repository.
+
+The repository is benchmarks/model_repo_batching/: add_sub with max_batch_size 64 and
+`dynamic_batching { max_queue_delay_microseconds: 100 }`, one CPU instance. perf_analyzer sends
+batch-1 requests at concurrency 64, so every server-side batch is formed by the dynamic batcher.
+Besides throughput and latency, the table shows the average batch size each server formed,
+read from the statistics extension (inference_count / execution_count over the measurement).
+
+Servers and perf_analyzer are driven by the same helpers as benchmarks/run.py (one server at a
+time; Triton and Kernel alternate when --rounds > 1 and each side reports its median round).
+
+    .venv/bin/python benchmarks/batching.py                       # HTTP, c=64, 5 s windows, 2 rounds
+    .venv/bin/python benchmarks/batching.py --protocol both --rounds 3
+
+Writes results/batching.md and results/batching.json; raw perf_analyzer output and server logs go
+to results/batching/*.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run as harness  # noqa: E402  (benchmarks/run.py: server and perf_analyzer helpers)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python benchmarks/batching.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--protocol", choices=["http", "grpc", "both"], default="http")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[64])
+    ap.add_argument("--duration-ms", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--repo", default=str(HERE / "model_repo_batching"))
+    ap.add_argument("--model", default="add_sub")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--stability-percentage", type=float, default=20.0)
+    ap.add_argument("--max-trials", type=int, default=6)
+    ap.add_argument("--triton-ports", type=int, nargs=3, default=[18000, 18001, 18002])
+    ap.add_argument("--kernel-ports", type=int, nargs=3, default=[19000, 19001, 19002])
+    ap.add_argument("--kernel-start-timeout", type=float, default=60.0)
+    args = ap.parse_args(argv)
+    # what benchmarks/run.py's helpers read
+    args.allow_unstable = True
+    args.kernel_cmd = None
+    args.kernel_label = "Kernel"
+    return args
+
+
+def model_counts(srv, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) from the statistics extension."""
+    url = f"http://127.0.0.1:{srv.http_port}/v2/models/{model}/stats"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            stats = json.loads(r.read())["model_stats"][0]
+        return int(stats["inference_count"]), int(stats["execution_count"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return 0, 0
+
+
+def measure(srv, args, out: Path, protocols, rnd: int) -> list:
+    points = []
+    for protocol in protocols:
+        for c in args.concurrency:
+            print(f"  {srv.label}: {protocol} c={c} ...", end="", file=sys.stderr, flush=True)
+            before = model_counts(srv, args.model)
+            pt = harness.run_perf_analyzer(srv, protocol, c, args, out, rnd)
+            after = model_counts(srv, args.model)
+            inferences, executions = after[0] - before[0], after[1] - before[1]
+            pt.avg_batch = inferences / executions if executions > 0 else None
+            if pt.error:
+                print(f" FAILED ({pt.error.splitlines()[0]})", file=sys.stderr, flush=True)
+            else:
+                batch = f", avg batch {pt.avg_batch:.1f}" if pt.avg_batch else ""
+                print(f" {pt.infer_per_s:,.0f} infer/s, p99 {pt.p99_ms:.2f} ms{batch}", file=sys.stderr, flush=True)
+            points.append(pt)
+    return points
+
+
+def median_points(runs: list[list]) -> list:
+    combined = harness.combine_rounds(runs)
+    # combine_rounds rebuilds Points from their dataclass fields: carry avg_batch over by round.
+    by_key = {(p.protocol, p.concurrency, p.round, p.infer_per_s): getattr(p, "avg_batch", None)
+              for pts in runs for p in pts}
+    for p in combined:
+        p.avg_batch = by_key.get((p.protocol, p.concurrency, p.round, p.infer_per_s))
+    return combined
+
+
+def table(protocols, concurrencies, triton_pts, kernel_pts) -> tuple[str, list[dict]]:
+    t = {(p.protocol, p.concurrency): p for p in triton_pts}
+    k = {(p.protocol, p.concurrency): p for p in kernel_pts}
+    lines = [
+        "| protocol | concurrency | Triton infer/s | Kernel infer/s | Kernel/Triton | Triton avg batch "
+        "| Kernel avg batch | Triton p50 ms | Kernel p50 ms | Triton p99 ms | Kernel p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rows = []
+
+    def cell(p, attr, spec):
+        if p is None:
+            return "-"
+        if p.error:
+            return "error"
+        v = getattr(p, attr, None)
+        s = harness.fmt(v, spec)
+        return s + ("*" if attr == "infer_per_s" and p.stable is False else "")
+
+    for proto in protocols:
+        for c in concurrencies:
+            tp, kp = t.get((proto, c)), k.get((proto, c))
+            ratio = kp.infer_per_s / tp.infer_per_s if tp and kp and tp.infer_per_s and kp.infer_per_s else None
+            rows.append({"protocol": proto, "concurrency": c, "ratio": ratio})
+            lines.append(
+                f"| {proto.upper()} | {c} | {cell(tp, 'infer_per_s', ',.0f')} | {cell(kp, 'infer_per_s', ',.0f')} | "
+                f"{f'{ratio:.2f}x' if ratio else '-'} | {cell(tp, 'avg_batch', '.1f')} | {cell(kp, 'avg_batch', '.1f')} | "
+                f"{cell(tp, 'p50_ms', '.2f')} | {cell(kp, 'p50_ms', '.2f')} | "
+                f"{cell(tp, 'p99_ms', '.2f')} | {cell(kp, 'p99_ms', '.2f')} |"
+            )
+    return "\n".join(lines), rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    protocols = ["http", "grpc"] if args.protocol == "both" else [args.protocol]
+    repo = Path(args.repo).resolve()
+    results = Path(args.out).resolve()
+    logs = results / "batching"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    servers = []
+    triton_runs: list[list] = []
+    kernel_runs: list[list] = []
+    rc = 0
+    try:
+        for rnd in range(1, args.rounds + 1):
+            tag = f"[round {rnd}/{args.rounds}] " if args.rounds > 1 else ""
+            print(f"{tag}real Triton on {repo}", file=sys.stderr, flush=True)
+            srv = harness.start_triton(repo, args.triton_ports, logs)
+            servers.append(srv)
+            triton_runs.append(measure(srv, args, logs, protocols, rnd))
+            srv.stop()
+            print(f"{tag}Kernel on {repo}", file=sys.stderr, flush=True)
+            srv, kernel_cmd = harness.start_kernel(args, repo, args.kernel_ports, logs)
+            servers.append(srv)
+            kernel_runs.append(measure(srv, args, logs, protocols, rnd))
+            srv.stop()
+    except harness.BenchError as e:
+        print(f"\nERROR: {e}", file=sys.stderr)
+        rc = 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping servers", file=sys.stderr)
+        rc = 130
+    finally:
+        for s in servers:
+            s.stop()
+    if rc or not triton_runs or not kernel_runs:
+        return rc or 2
+
+    triton_pts = median_points(triton_runs)
+    kernel_pts = median_points(kernel_runs)
+    text, rows = table(protocols, args.concurrency, triton_pts, kernel_pts)
+    print(text)
+    ratios = ", ".join(f"{r['protocol'].upper()} c={r['concurrency']}: {r['ratio']:.2f}x" for r in rows if r["ratio"])
+    md = [
+        "# Dynamic batching: Kernel vs real Triton",
+        "",
+        f"Measured {started} on this box ({os.cpu_count()} CPUs, loopback) by `benchmarks/batching.py`.",
+        "",
+        "Model: `benchmarks/model_repo_batching/add_sub` (Python backend, `max_batch_size: 64`, "
+        "`dynamic_batching { max_queue_delay_microseconds: 100 }`, one CPU instance), the same files for both "
+        "servers. perf_analyzer sends batch-1 requests; every batch is formed server-side. \"avg batch\" is "
+        "inference_count / execution_count from each server's statistics extension over the measurement.",
+        "",
+        f"perf_analyzer `-m {args.model} --concurrency-range C:C --measurement-interval {args.duration_ms} "
+        f"--stability-percentage {args.stability_percentage:g} --max-trials {args.max_trials}`; "
+        f"{args.rounds} round(s), servers alternating, median round shown"
+        + ("; `*` = perf_analyzer could not stabilise, average of 3 windows." if any(
+            p.stable is False for p in triton_pts + kernel_pts) else "."),
+        "",
+        text,
+        "",
+        f"**Kernel / Triton throughput: {ratios}**",
+        "",
+        "Per-round throughput (infer/s): "
+        + "; ".join(
+            f"{p.server} {p.protocol} c={p.concurrency}: "
+            + ", ".join(f"{v:,.0f}" if v else "n/a" for v in (p.rounds_infer_per_s or [p.infer_per_s]))
+            for p in triton_pts + kernel_pts
+        ),
+        "",
+    ]
+    (results / "batching.md").write_text("\n".join(md))
+    (results / "batching.json").write_text(json.dumps({
+        "started": started,
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "repo": str(repo),
+        "settings": {k: getattr(args, k) for k in ("protocol", "concurrency", "duration_ms", "rounds",
+                                                   "stability_percentage", "max_trials")},
+        "kernel_command": kernel_cmd if kernel_runs else None,
+        "rows": [{"protocol": r["protocol"], "concurrency": r["concurrency"], "ratio": r["ratio"]} for r in rows],
+        "points": [
+            {k: getattr(p, k, None) for k in ("server", "protocol", "concurrency", "infer_per_s", "p50_ms", "p90_ms",
+                                               "p99_ms", "stable", "avg_batch", "rounds_infer_per_s", "loadavg_1m",
+                                               "error", "command")}
+            for p in triton_pts + kernel_pts
+        ],
+    }, indent=2))
+    print(f"wrote {results / 'batching.md'}", file=sys.stderr)
+    return 1 if any(p.error for p in triton_pts + kernel_pts) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Per-model-version inference statistics: the numbers behind the statistics
+extension (`GET /v2/models/<m>/stats`, gRPC ModelStatistics) and the
+`nv_inference_*` Prometheus metrics.
+
+Everything here is plain integer arithmetic on attributes, done on the front
+process's event loop when a backend reports a finished execution (once per
+batch, not per request) or when the core fails a request itself. Prometheus
+objects are built from these numbers only when /metrics is scraped.
+
+Durations are nanoseconds from `time.monotonic_ns()`, which is the same clock
+in every process of the machine, so a worker process can stamp the compute
+phases and the front process can stamp a request's arrival.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+# Why a request failed, as the `reason` label of nv_inference_request_failure says.
+REJECTED = "REJECTED"  # timed out (or expired) in a scheduler queue
+CANCELED = "CANCELED"  # cancelled while the core held it
+BACKEND = "BACKEND"  # the model / its instance failed it
+OTHER = "OTHER"  # anything else in the core (ensembles report this)
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+
+
+class ModelStats:
+    """Cumulative statistics of one model version since it was loaded."""
+
+    __slots__ = (
+        "name",
+        "version",
+        "success_count",
+        "success_ns",
+        "fail_count",
+        "fail_ns",
+        "queue_ns",
+        "compute_input_ns",
+        "compute_infer_ns",
+        "compute_output_ns",
+        "inference_count",
+        "execution_count",
+        "last_inference_ms",
+        "batch_stats",
+        "failures",
+        "observer",
+        "load_duration_s",
+    )
+
+    def __init__(self, name: str, version: str):
+        self.name = name
+        self.version = version
+        self.success_count = 0
+        self.success_ns = 0  # cumulative request duration of successful requests
+        self.fail_count = 0
+        self.fail_ns = 0
+        self.queue_ns = 0
+        self.compute_input_ns = 0
+        self.compute_infer_ns = 0
+        self.compute_output_ns = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        # batch size -> [executions, compute_input_ns, compute_infer_ns, compute_output_ns]
+        self.batch_stats: dict[int, list[int]] = {}
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
+        # Set when --metrics-config turns on summaries or histograms (kernel.metrics).
+        self.observer: Any = None
+        self.load_duration_s = 0.0
+
+    # ---- recording -----------------------------------------------------------
+
+    def record_execution(self, e) -> None:
+        """One execution (a batch) finished in a backend.
+
+        `e` has: batch_size, start, input_end, output_start, end (monotonic ns),
+        inference_count, ok_request_ns, ok_queue_ns (one entry per successful
+        request) and fail_ns (one entry per failed request). A batch_size of 0
+        means the backend ran nothing (every request failed before execute).
+        """
+        ok = len(e.ok_request_ns)
+        d_in = e.input_end - e.start
+        d_infer = e.output_start - e.input_end
+        d_out = e.end - e.output_start
+        if ok:
+            self.success_count += ok
+            self.success_ns += sum(e.ok_request_ns)
+            self.queue_ns += sum(e.ok_queue_ns)
+            self.compute_input_ns += ok * d_in
+            self.compute_infer_ns += ok * d_infer
+            self.compute_output_ns += ok * d_out
+            self.inference_count += e.inference_count
+        if e.fail_ns:
+            n = len(e.fail_ns)
+            self.fail_count += n
+            self.fail_ns += sum(e.fail_ns)
+            self.failures[BACKEND] += n
+        bs = e.batch_size
+        if bs > 0:
+            self.execution_count += 1
+            self.last_inference_ms = time.time_ns() // 1_000_000
+            entry = self.batch_stats.get(bs)
+            if entry is None:
+                self.batch_stats[bs] = [1, d_in, d_infer, d_out]
+            else:
+                entry[0] += 1
+                entry[1] += d_in
+                entry[2] += d_infer
+                entry[3] += d_out
+        observer = self.observer
+        if observer is not None and ok:
+            observer.observe(e.ok_request_ns, e.ok_queue_ns, d_in, d_infer, d_out)
+
+    def record_request(
+        self,
+        success: bool,
+        request_ns: int,
+        batch_size: int = 1,
+        queue_ns: int = 0,
+        compute: tuple[int, int, int] = (0, 0, 0),
+        reason: str = OTHER,
+        execution: bool = True,
+    ) -> None:
+        """One request handled in the core as a whole (an ensemble request)."""
+        if not success:
+            self.record_failure(reason, request_ns)
+            return
+        d_in, d_infer, d_out = compute
+        self.success_count += 1
+        self.success_ns += request_ns
+        self.queue_ns += queue_ns
+        self.compute_input_ns += d_in
+        self.compute_infer_ns += d_infer
+        self.compute_output_ns += d_out
+        self.inference_count += batch_size
+        if execution:
+            self.execution_count += 1
+            self.last_inference_ms = time.time_ns() // 1_000_000
+            entry = self.batch_stats.setdefault(max(1, batch_size), [0, 0, 0, 0])
+            entry[0] += 1
+            entry[1] += d_in
+            entry[2] += d_infer
+            entry[3] += d_out
+        if self.observer is not None:
+            self.observer.observe((request_ns,), (queue_ns,), d_in, d_infer, d_out)
+
+    def record_failure(self, reason: str, duration_ns: int, count: int = 1) -> None:
+        self.fail_count += count
+        self.fail_ns += duration_ns
+        self.failures[reason] = self.failures.get(reason, 0) + count
+
+    # ---- reporting -------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        """The statistics extension's `$model_stat` object, field for field."""
+        compute_count = self.success_count  # no response cache: every success was computed
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": _dur(self.success_count, self.success_ns),
+                "fail": _dur(self.fail_count, self.fail_ns),
+                "queue": _dur(self.success_count, self.queue_ns),
+                "compute_input": _dur(compute_count, self.compute_input_ns),
+                "compute_infer": _dur(compute_count, self.compute_infer_ns),
+                "compute_output": _dur(compute_count, self.compute_output_ns),
+                "cache_hit": _dur(0, 0),
+                "cache_miss": _dur(0, 0),
+            },
+            # Python-backend models report no per-response statistics.
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": bs,
+                    "compute_input": _dur(v[0], v[1]),
+                    "compute_infer": _dur(v[0], v[2]),
+                    "compute_output": _dur(v[0], v[3]),
+                }
+                for bs, v in sorted(self.batch_stats.items())
+            ],
+            "memory_usage": [],
+        }
+
+
+def _dur(count: int, ns: int) -> dict:
+    return {"count": count, "ns": max(0, ns)}
+
+
+def batch_size_of(request, max_batch_size: int) -> int:
+    """A request's batch size as Triton counts it: dim 0 of its first input, or 1."""
+    if max_batch_size > 0 and request.inputs:
+        shape = request.inputs[0].shape
+        if shape:
+            return max(1, shape[0])
+    return 1
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+def fail_request(stats: Optional[ModelStats], request, reason: str) -> None:
+    """Count a request the core failed itself (timeout, cancellation, ...)."""
+    if stats is not None:
+        arrival = request.arrival_ns
+        stats.record_failure(reason, time.monotonic_ns() - arrival if arrival else 0)

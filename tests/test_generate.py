@@ -1,0 +1,165 @@
+"""The HTTP generate extension: POST /v2/models/<m>[/versions/<v>]/generate and /generate_stream."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from conftest import EXAMPLES, TEST_MODELS, KernelProcess
+
+CLOUD = TEST_MODELS / "cloud"
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = KernelProcess([EXAMPLES, CLOUD])
+    try:
+        yield k.wait_ready()
+    finally:
+        k.stop()
+
+
+@pytest.fixture
+def client(kernel):
+    with httpx.Client(base_url=f"http://{kernel.url}", timeout=30) as c:
+        yield c
+
+
+def sse_events(text: str) -> list[dict]:
+    events = []
+    for chunk in text.split("\n\n"):
+        if chunk.strip():
+            assert chunk.startswith("data: "), chunk
+            events.append(json.loads(chunk[len("data: "):]))
+    return events
+
+
+def test_generate_maps_keys_to_inputs_and_parameters(client):
+    r = client.post(
+        "/v2/models/text_echo/generate",
+        json={"id": "42", "text_input": "hello", "max_tokens": 7, "parameters": {"stream": False, "tag": "x"}},
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert body["id"] == "42"
+    assert body["model_name"] == "text_echo"
+    assert body["model_version"] == "1"
+    assert body["text_output"] == "HELLO"
+    assert body["length"] == 5  # one element: a scalar
+    assert body["scores"] == [0.5, 1.5, 2.5]
+    # keys that are not inputs reach the model as request parameters (echoed back by text_echo)
+    assert body["max_tokens"] == 7 and body["stream"] is False and body["tag"] == "x"
+    assert list(body) == sorted(body)
+
+
+def test_generate_with_version_and_without_id(client):
+    r = client.post("/v2/models/text_echo/versions/1/generate", json={"text_input": "abc"})
+    assert r.status_code == 200, r.text
+    assert "id" not in r.json()
+    assert r.json()["text_output"] == "ABC"
+    r = client.post("/v2/models/text_echo/versions/9/generate", json={"text_input": "abc"})
+    assert r.status_code == 404 and "version 9" in r.json()["error"]
+
+
+def test_generate_fits_arrays_to_batched_and_fixed_shapes(client):
+    r = client.post("/v2/models/string_identity/generate", json={"INPUT0": ["a", "b", "c"]})
+    assert r.status_code == 200, r.text
+    assert r.json()["OUTPUT0"] == ["a", "b", "c"]
+    r = client.post("/v2/models/add_sub/generate", json={"INPUT0": [1, 2, 3, 4], "parameters": {"INPUT1": [1, 1, 1, 1]}})
+    assert r.status_code == 200, r.text
+    assert r.json()["OUTPUT0"] == [2, 3, 4, 5] and r.json()["OUTPUT1"] == [0, 1, 2, 3]
+    r = client.post("/v2/models/add_sub/generate", json={"INPUT0": [1, 2, 3], "INPUT1": [1, 1, 1]})
+    assert r.status_code == 400 and "can not convert input 'INPUT0'" in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        (b"{not json", 400, "failed to parse the request JSON"),
+        (b"[1, 2]", 400, "must be a JSON object"),
+        (b'{"text_input": "a", "parameters": [1]}', 400, "Expected JSON object for keyword: 'parameters'"),
+        (b'{"text_input": "a", "extra": {"x": 1}}', 400, "parameter 'extra' has invalid type"),
+        (b'{"text_input": "a", "id": 5}', 400, "Unable to parse 'id'"),
+        (b'{"text_input": 5}', 400, "text_input"),
+        (b"{}", 400, "missing required input(s) ['text_input']"),
+        (b'{"text_input": "error"}', 500, "text_echo was asked to fail"),
+    ],
+)
+def test_generate_errors_are_json_with_a_status(client, body, status, message):
+    r = client.post("/v2/models/text_echo/generate", content=body)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert message in r.json()["error"]
+    # the endpoint keeps serving
+    assert client.post("/v2/models/text_echo/generate", json={"text_input": "ok"}).json()["text_output"] == "OK"
+
+
+def test_generate_unknown_model_and_method(client):
+    r = client.post("/v2/models/no_such_model/generate", json={"text_input": "a"})
+    assert r.status_code == 400 and "unknown model" in r.json()["error"]
+    assert client.get("/v2/models/text_echo/generate").status_code == 405
+    r = client.post("/v2/models/no_such_model/generate_stream", json={"text_input": "a"})
+    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+
+
+def test_generate_needs_exactly_one_response(client):
+    r = client.post("/v2/models/token_stream/generate", json={"text_input": "one"})
+    assert r.status_code == 200, r.text
+    assert r.json()["text_output"] == "one" and r.json()["index"] == 0
+    r = client.post("/v2/models/token_stream/generate", json={"text_input": "one two"})
+    assert r.status_code == 500
+    assert "exactly 1 response" in r.json()["error"]
+
+
+def test_generate_stream_sends_one_event_per_response(client):
+    r = client.post(
+        "/v2/models/token_stream/generate_stream", json={"id": "s1", "text_input": "a b c", "parameters": {"tag": "t"}}
+    )
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/event-stream; charset=utf-8"
+    events = sse_events(r.text)
+    assert [e["text_output"] for e in events] == ["a", "b", "c"]
+    assert [e["index"] for e in events] == [0, 1, 2]
+    assert all(e["id"] == "s1" and e["tag"] == "t" and e["model_name"] == "token_stream" for e in events)
+
+
+def test_generate_stream_reports_errors_as_events(client):
+    r = client.post("/v2/models/token_stream/generate_stream", json={"text_input": "a FAIL b"})
+    assert r.status_code == 200
+    events = sse_events(r.text)
+    assert events[0]["text_output"] == "a"
+    assert events[1] == {"error": "word 1 is FAIL"}
+    assert events[2]["text_output"] == "b"
+    # an error as the first response sets the status
+    r = client.post("/v2/models/token_stream/generate_stream", json={"text_input": "FAIL x"})
+    assert r.status_code == 500 and r.headers["content-type"].startswith("text/event-stream")
+    assert sse_events(r.text)[0] == {"error": "word 0 is FAIL"}
+
+
+def test_generate_stream_of_a_non_decoupled_model(client):
+    r = client.post("/v2/models/text_echo/generate_stream", json={"text_input": "hi"})
+    assert r.status_code == 200
+    events = sse_events(r.text)
+    assert len(events) == 1 and events[0]["text_output"] == "HI"
+
+
+def test_generate_stream_is_incremental_and_disconnect_cancels(kernel, client):
+    words = " ".join(f"w{i}" for i in range(40))
+    start = time.monotonic()
+    with httpx.stream(
+        "POST", f"http://{kernel.url}/v2/models/token_stream/generate_stream",
+        json={"text_input": f"cancelme {words}", "delay_ms": 250}, timeout=30,
+    ) as r:
+        assert r.status_code == 200
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[6:])["text_output"] == "cancelme"
+        assert time.monotonic() - start < 5  # the first event came before the model finished
+    deadline = time.time() + 15
+    while time.time() < deadline and "token_stream saw cancellation of 'cancelme'" not in kernel.log():
+        time.sleep(0.1)
+    assert "token_stream saw cancellation of 'cancelme'" in kernel.log()
+    assert client.post("/v2/models/text_echo/generate", json={"text_input": "after"}).status_code == 200

@@ -1,0 +1,393 @@
+"""HTTP/2 details of Kernel's own gRPC server, driven frame by frame over a raw socket.
+
+tritonclient only ever exercises the happy path of HTTP/2; these tests cover
+what other gRPC clients and proxies may send: padding, CONTINUATION frames,
+tiny flow-control windows, pings, resets, deadlines, compression, stray
+methods and content types, and a graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import socket
+import struct
+import time
+
+import hpack
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2 as tc_pb
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("KERNEL_GRPC_SERVER", "native") != "native",
+    reason="frame-level tests of Kernel's own HTTP/2 server",
+)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+END_STREAM, ACK, END_HEADERS, PADDED = 0x1, 0x1, 0x4, 0x8
+
+
+def frame(kind, flags, stream_id, payload=b""):
+    n = len(payload)
+    return struct.pack(">HBBBL", n >> 8, n & 0xFF, kind, flags, stream_id) + payload
+
+
+def grpc_message(msg) -> bytes:
+    body = msg.SerializeToString()
+    return b"\x00" + struct.pack(">L", len(body)) + body
+
+
+class RawClient:
+    """Just enough of an HTTP/2 client to speak to the server frame by frame."""
+
+    def __init__(self, port, settings=(), window_update=True):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.buf = b""
+        payload = b"".join(struct.pack(">HL", k, v) for k, v in settings)
+        self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0, payload))
+        self.server_settings = None
+        self.window_update = window_update
+
+    def send(self, data: bytes):
+        self.sock.sendall(data)
+
+    def headers_block(self, path, extra=(), method="POST", content_type="application/grpc"):
+        headers = [(":method", method), (":scheme", "http"), (":path", path), (":authority", "localhost"),
+                   ("te", "trailers"), ("content-type", content_type), *extra]
+        return self.encoder.encode(headers)
+
+    def request(self, stream_id, path, message: bytes, extra=(), **kw):
+        self.send(frame(HEADERS, END_HEADERS, stream_id, self.headers_block(path, extra, **kw)))
+        self.send(frame(DATA, END_STREAM, stream_id, message))
+
+    def read_frame(self, timeout=10.0):
+        self.sock.settimeout(timeout)
+        while len(self.buf) < 9 or len(self.buf) < 9 + (self.buf[0] << 16 | self.buf[1] << 8 | self.buf[2]):
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("server closed the connection")
+            self.buf += chunk
+        n = self.buf[0] << 16 | self.buf[1] << 8 | self.buf[2]
+        kind, flags = self.buf[3], self.buf[4]
+        stream_id = struct.unpack(">L", self.buf[5:9])[0] & 0x7FFFFFFF
+        payload = self.buf[9 : 9 + n]
+        self.buf = self.buf[9 + n :]
+        if kind == SETTINGS and not flags & ACK:
+            self.server_settings = payload
+            self.send(frame(SETTINGS, ACK, 0))
+        return kind, flags, stream_id, payload
+
+    def call(self, stream_id, timeout=10.0, ack_data=True):
+        """Read frames until stream_id ends; returns (headers, [data payloads], trailers)."""
+        headers, data, trailers = None, [], None
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            kind, flags, sid, payload = self.read_frame(deadline - time.time())
+            if sid != stream_id:
+                continue
+            if kind == HEADERS:
+                block = dict(self.decoder.decode(payload))
+                if headers is None:
+                    headers = block
+                    if flags & END_STREAM:
+                        return headers, data, block
+                else:
+                    return headers, data, block
+            elif kind == DATA:
+                data.append(payload)
+                if ack_data and payload:
+                    self.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", len(payload)))
+                              + frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">L", len(payload))))
+                if flags & END_STREAM:
+                    return headers, data, trailers
+            elif kind == RST_STREAM:
+                return headers, data, {"rst": struct.unpack(">L", payload)[0]}
+        raise TimeoutError(f"stream {stream_id} did not finish")
+
+    def close(self):
+        self.sock.close()
+
+
+def _messages(data_payloads):
+    body = b"".join(data_payloads)
+    out = []
+    while body:
+        n = struct.unpack(">L", body[1:5])[0]
+        out.append(body[5 : 5 + n])
+        body = body[5 + n :]
+    return out
+
+
+LIVE = "/inference.GRPCInferenceService/ServerLive"
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@pytest.fixture
+def raw(server):
+    c = RawClient(server.grpc_port)
+    yield c
+    c.close()
+
+
+def test_settings_and_ping(raw):
+    raw.send(frame(PING, 0, 0, b"12345678"))
+    seen = []
+    while True:
+        kind, flags, sid, payload = raw.read_frame()
+        seen.append(kind)
+        if kind == PING and flags & ACK:
+            assert payload == b"12345678"
+            break
+    assert seen[0] == SETTINGS and raw.server_settings is not None
+
+
+def test_unary_call(raw):
+    raw.request(1, LIVE, grpc_message(tc_pb.ServerLiveRequest()))
+    headers, data, trailers = raw.call(1)
+    assert headers[":status"] == "200" and headers["content-type"] == "application/grpc"
+    assert trailers["grpc-status"] == "0"
+    assert tc_pb.ServerLiveResponse.FromString(_messages(data)[0]).live is True
+
+
+def test_padding_continuation_and_split_message(raw):
+    block = raw.headers_block(LIVE)
+    half = len(block) // 2
+    pad = 7
+    raw.send(frame(HEADERS, PADDED, 3, bytes([pad]) + block[:half] + b"\0" * pad))
+    raw.send(frame(CONTINUATION, END_HEADERS, 3, block[half:]))
+    msg = grpc_message(tc_pb.ServerLiveRequest())  # 5 bytes: split across two DATA frames
+    raw.send(frame(DATA, PADDED, 3, bytes([3]) + msg[:2] + b"\0\0\0"))
+    raw.send(frame(PRIORITY, 0, 3, b"\0\0\0\0\x10"))  # ignored
+    raw.send(frame(0x42, 0, 0, b"unknown frame types are ignored"))
+    raw.send(frame(DATA, END_STREAM, 3, msg[2:]))
+    headers, data, trailers = raw.call(3)
+    assert trailers["grpc-status"] == "0"
+    assert tc_pb.ServerLiveResponse.FromString(_messages(data)[0]).live is True
+
+
+def test_flow_control_with_a_tiny_client_window(server):
+    c = RawClient(server.grpc_port, settings=[(0x4, 1000), (0x5, 16384)])  # INITIAL_WINDOW_SIZE=1000
+    try:
+        data = np.arange(100_000, dtype=np.float32)  # 400 KB back: far more than any window granted
+        I = tc_pb.ModelInferRequest.InferInputTensor
+        request = tc_pb.ModelInferRequest(model_name="dtype_echo", inputs=[I(name="IN_FP32", datatype="FP32", shape=[len(data)])],
+                                          raw_input_contents=[data.tobytes()])
+        c.request(1, INFER, grpc_message(request))
+        stream_window, conn_window = 1000, 65535
+        payloads = []
+        deadline = time.time() + 30
+        trailers = None
+        while trailers is None and time.time() < deadline:
+            kind, flags, sid, payload = c.read_frame()
+            if sid != 1:
+                continue
+            if kind == DATA:
+                assert len(payload) <= min(stream_window, conn_window, 16384)
+                stream_window -= len(payload)
+                conn_window -= len(payload)
+                payloads.append(payload)
+                if stream_window == 0 or conn_window < 1000:
+                    # grant a little more, as a slow reader would
+                    c.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">L", 3000))
+                           + frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", 60000)))
+                    stream_window += 3000
+                    conn_window += 60000
+            elif kind == HEADERS and flags & END_STREAM:
+                trailers = dict(c.decoder.decode(payload))
+            elif kind == HEADERS:
+                c.decoder.decode(payload)
+        assert trailers is not None and trailers["grpc-status"] == "0"
+        reply = tc_pb.ModelInferResponse.FromString(_messages(payloads)[0])
+        assert np.frombuffer(reply.raw_output_contents[0], np.float32).tolist() == data.tolist()
+    finally:
+        c.close()
+
+
+def test_http_level_refusals(raw):
+    raw.request(1, LIVE, b"", method="GET")
+    headers, _, _ = raw.call(1)
+    assert headers[":status"] == "405"
+    raw.request(3, LIVE, b"", content_type="application/json")
+    headers, _, _ = raw.call(3)
+    assert headers[":status"] == "415"
+    raw.request(5, "/inference.GRPCInferenceService/Nope", grpc_message(tc_pb.ServerLiveRequest()))
+    headers, _, trailers = raw.call(5)
+    assert headers["grpc-status"] == "12"  # trailers-only UNIMPLEMENTED
+
+
+def test_error_status_is_percent_encoded(raw):
+    request = tc_pb.ModelInferRequest(model_name="ünknown-model")
+    raw.request(1, INFER, grpc_message(request))
+    headers, data, trailers = raw.call(1)
+    assert data == [] and headers["grpc-status"] != "0"
+    assert "%C3%BC" in headers["grpc-message"]
+
+
+def test_rst_stream_cancels_the_request(server, raw):
+    tag = b"raw-rst"
+    I = tc_pb.ModelInferRequest.InferInputTensor
+    request = tc_pb.ModelInferRequest(model_name="cancel_watcher", inputs=[I(name="TAG", datatype="BYTES", shape=[1])],
+                                      raw_input_contents=[struct.pack("<I", len(tag)) + tag])
+    raw.request(1, INFER, grpc_message(request))
+    time.sleep(0.3)
+    raw.send(frame(RST_STREAM, 0, 1, struct.pack(">L", 0x8)))
+    deadline = time.time() + 10
+    while time.time() < deadline and "cancel_watcher saw cancellation of raw-rst" not in server.log():
+        time.sleep(0.05)
+    assert "cancel_watcher saw cancellation of raw-rst" in server.log()
+    raw.request(3, LIVE, grpc_message(tc_pb.ServerLiveRequest()))  # the connection is still fine
+    assert raw.call(3)[2]["grpc-status"] == "0"
+
+
+def test_grpc_timeout_header(server, raw):
+    tag = b"raw-timeout"
+    I = tc_pb.ModelInferRequest.InferInputTensor
+    request = tc_pb.ModelInferRequest(model_name="cancel_watcher", inputs=[I(name="TAG", datatype="BYTES", shape=[1])],
+                                      raw_input_contents=[struct.pack("<I", len(tag)) + tag])
+    raw.request(1, INFER, grpc_message(request), extra=[("grpc-timeout", "300m")])
+    headers, data, trailers = raw.call(1)
+    assert (trailers or headers)["grpc-status"] == "4"
+    deadline = time.time() + 10
+    while time.time() < deadline and "cancel_watcher saw cancellation of raw-timeout" not in server.log():
+        time.sleep(0.05)
+    assert "cancel_watcher saw cancellation of raw-timeout" in server.log()
+
+
+def test_gzip_compressed_request(raw):
+    body = tc_pb.ServerLiveRequest().SerializeToString() + b""
+    packed = gzip.compress(body)
+    raw.request(1, LIVE, b"\x01" + struct.pack(">L", len(packed)) + packed, extra=[("grpc-encoding", "gzip")])
+    headers, data, trailers = raw.call(1)
+    assert trailers["grpc-status"] == "0"
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_compression(server, algorithm):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    a = np.arange(4, dtype=np.float32)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        t = grpcclient.InferInput(name, [4], "FP32")
+        t.set_data_from_numpy(a)
+        inputs.append(t)
+    result = client.infer("add_sub", inputs, compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * a)
+    client.close()
+
+
+def test_bad_preface_closes_the_connection(server):
+    s = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    received = b""
+    while True:  # the server's own SETTINGS may come first; then the connection closes
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        received += chunk
+    assert len(received) < 100
+    s.close()
+
+
+def test_protocol_error_gets_goaway(raw):
+    raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 2, raw.headers_block(LIVE)))  # even id: clients use odd ids
+    kinds = []
+    try:
+        while True:
+            kind, flags, sid, payload = raw.read_frame(5)
+            kinds.append(kind)
+            if kind == GOAWAY:
+                assert struct.unpack(">LL", payload[:8])[1] == 0x1  # PROTOCOL_ERROR
+                break
+    except ConnectionError:
+        pass
+    assert GOAWAY in kinds
+
+
+def test_streaming_over_raw_frames(raw):
+    path = "/inference.GRPCInferenceService/ModelStreamInfer"
+    raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block(path)))
+    I = tc_pb.ModelInferRequest.InferInputTensor
+    for i in range(3):
+        req = tc_pb.ModelInferRequest(model_name="repeat_int32", id=f"s{i}", inputs=[I(name="IN", datatype="INT32", shape=[2])],
+                                      raw_input_contents=[np.array([i, i], np.int32).tobytes()])
+        raw.send(frame(DATA, 0, 1, grpc_message(req)))
+    raw.send(frame(DATA, END_STREAM, 1, b""))
+    headers, data, trailers = raw.call(1)
+    assert trailers["grpc-status"] == "0"
+    replies = [tc_pb.ModelStreamInferResponse.FromString(m) for m in _messages(data)]
+    assert sorted(r.infer_response.id for r in replies) == ["s0", "s0", "s1", "s1", "s2", "s2"]
+
+
+# ---------------------------------------------------------------- in-process server: keepalive, shutdown
+
+
+@pytest.fixture
+def inproc(tmp_path):
+    from test_grpc import _InProcessGrpc
+
+    servers = []
+
+    def make(**settings):
+        srv = _InProcessGrpc(tmp_path, server_library="native", **settings)
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.close()
+
+
+def test_keepalive_pings_and_closes_a_silent_peer(inproc):
+    srv = inproc(keepalive_time_ms=200, keepalive_timeout_ms=300, keepalive_permit_without_calls=True)
+    c = RawClient(srv.port)
+    try:
+        start = time.time()
+        got_ping = False
+        with pytest.raises(ConnectionError):
+            while time.time() - start < 5:
+                kind, flags, sid, payload = c.read_frame(5)
+                if kind == PING and not flags & ACK:
+                    got_ping = True  # and never answer it
+        assert got_ping
+        assert time.time() - start < 3
+    finally:
+        c.close()
+
+
+def test_no_keepalive_pings_without_calls_by_default(inproc):
+    srv = inproc(keepalive_time_ms=100, keepalive_timeout_ms=100)
+    c = RawClient(srv.port)
+    try:
+        c.send(frame(PING, 0, 0, b"abcdefgh"))
+        end = time.time() + 0.6
+        while time.time() < end:
+            try:
+                kind, flags, sid, payload = c.read_frame(max(0.01, end - time.time()))
+            except socket.timeout:
+                break
+            assert not (kind == PING and not flags & ACK), "server pinged with no call in flight"
+    finally:
+        c.close()
+
+
+def test_graceful_stop_sends_goaway(inproc):
+    import asyncio
+
+    srv = inproc()
+    c = RawClient(srv.port)
+    try:
+        c.request(1, LIVE, grpc_message(tc_pb.ServerLiveRequest()))
+        assert c.call(1)[2]["grpc-status"] == "0"
+        asyncio.run_coroutine_threadsafe(srv.transport.stop(), srv.loop).result(10)
+        kinds = []
+        with pytest.raises(ConnectionError):
+            while True:
+                kinds.append(c.read_frame(5)[0])
+        assert GOAWAY in kinds
+    finally:
+        c.close()

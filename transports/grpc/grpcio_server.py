@@ -1,0 +1,145 @@
+"""GRPCInferenceService bound to grpcio's asyncio server (gRPC C-core underneath).
+
+Kept so the transport stays swappable and the measurements in
+benchmarks/results/grpc_servers.md can be repeated; select it with
+`GrpcOptions(server_library="grpcio")` or KERNEL_GRPC_SERVER=grpcio. grpcio is
+not a runtime dependency of Kernel (it comes with tritonclient[grpc]).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import ssl
+from typing import Optional
+
+from kernel.errors import KernelError
+from transports.grpc import codec
+from transports.grpc.protos import grpc_service_pb2 as pb
+from transports.grpc.service import SERVICE, InferenceService, StreamError, drive_stream
+
+log = logging.getLogger("kernel.grpc")
+
+
+_UNPARSABLE = object()
+
+
+def _lenient(message_type):
+    """A deserializer that hands back a marker instead of raising on a bad message."""
+    from google.protobuf.message import DecodeError
+
+    def decode(data: bytes):
+        try:
+            return message_type.FromString(data)
+        except DecodeError:
+            return _UNPARSABLE
+
+    return decode
+
+
+async def _until_unparsable(requests):
+    async for msg in requests:
+        if msg is _UNPARSABLE:
+            return  # as gRPC C++ servers do: an unparsable message ends the reading side
+        yield msg
+
+
+class GrpcioServer:
+    def __init__(self, service: InferenceService, options=None):
+        import grpc
+        from grpc import aio
+
+        from transports.grpc.grpclib_server import UNARY_RPCS
+
+        self.grpc = grpc
+        self.service = service
+        self.options = options
+        self.codes = {c.value[0]: c for c in grpc.StatusCode}
+        channel_options = [
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", -1),
+        ]
+        if options is not None:
+            channel_options += [
+                ("grpc.keepalive_time_ms", options.keepalive_time_ms),
+                ("grpc.keepalive_timeout_ms", options.keepalive_timeout_ms),
+                ("grpc.keepalive_permit_without_calls", int(options.keepalive_permit_without_calls)),
+                ("grpc.http2.max_pings_without_data", options.http2_max_pings_without_data),
+            ]
+        self.server = aio.server(options=channel_options)
+        handlers = {}
+        for name, (req, resp) in UNARY_RPCS.items():
+            handlers[name] = grpc.unary_unary_rpc_method_handler(
+                self._unary(getattr(service, name)), request_deserializer=_lenient(req),
+                response_serializer=resp.SerializeToString,
+            )
+        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+            self._model_infer, request_deserializer=_lenient(pb.ModelInferRequest),
+            response_serializer=pb.ModelInferResponse.SerializeToString,
+        )
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self._model_stream_infer, request_deserializer=_lenient(pb.ModelInferRequest),
+            response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+        )
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        self._port: Optional[int] = None
+
+    async def _abort(self, context, exc: KernelError):
+        await context.abort(self.codes.get(codec.status_code(exc), self.grpc.StatusCode.UNKNOWN), exc.message)
+
+    def _unary(self, method):
+        async def handle(request, context):
+            if request is _UNPARSABLE:
+                await context.abort(self.grpc.StatusCode.INTERNAL, "Unable to parse request")
+            try:
+                response = method(request)
+                if inspect.isawaitable(response):
+                    response = await response
+                return response
+            except KernelError as exc:
+                await self._abort(context, exc)
+
+        return handle
+
+    async def _model_infer(self, request, context):
+        if request is _UNPARSABLE:
+            await context.abort(self.grpc.StatusCode.INTERNAL, "Unable to parse request")
+        try:
+            return await self.service.ModelInfer(request)
+        except KernelError as exc:
+            await self._abort(context, exc)
+
+    async def _model_stream_infer(self, request_iterator, context):
+        metadata = dict(context.invocation_metadata() or ())
+        grpc_error_mode = metadata.get("triton_grpc_error") == "true"
+        try:
+            await drive_stream(self.service, _until_unparsable(request_iterator), context.write, grpc_error_mode)
+        except StreamError as exc:
+            await context.abort(self.codes.get(exc.code, self.grpc.StatusCode.UNKNOWN), exc.message)
+
+    async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
+        target = f"{address}:{port}"
+        if ssl_context is None:
+            self._port = self.server.add_insecure_port(target)
+        else:
+            opts = self.options
+
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+
+            creds = self.grpc.ssl_server_credentials(
+                [(read(opts.server_key), read(opts.server_cert))],
+                root_certificates=read(opts.root_cert) if opts.root_cert else None,
+                require_client_auth=bool(opts.use_ssl_mutual),
+            )
+            self._port = self.server.add_secure_port(target, creds)
+        if not self._port:
+            raise OSError(f"could not listen on {target} for gRPC")
+        await self.server.start()
+
+    def bound_port(self) -> Optional[int]:
+        return self._port
+
+    async def stop(self, grace: float) -> None:
+        await self.server.stop(grace)

@@ -1,0 +1,334 @@
+"""Triton's generate extension, and server-sent-event streaming of responses.
+
+    POST /v2/models/<m>[/versions/<v>]/generate          one JSON object back
+    POST /v2/models/<m>[/versions/<v>]/generate_stream   one SSE "data:" event per response
+
+The request is a flat JSON object. Every top-level key, and every key inside
+the optional "parameters" object, becomes an input tensor when the model has
+an input of that name (its shape is fitted from the model's dims) and a
+request parameter otherwise. The response object carries "id" (when the
+request had one), "model_name", "model_version", the response parameters and
+one key per output tensor (a single element is written as a scalar).
+
+`stream_events` is the SSE machinery shared with the SageMaker transport's
+/invocations-response-stream: responses go from request.on_response into an
+asyncio.Queue and out as events; a client that disconnects cancels the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Optional
+
+import msgspec
+
+from kernel.errors import ErrorCode, KernelError
+from kernel.request import InferRequest, InferResponse, InferTensor
+from transports.http import codec
+
+SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
+_JSON = [(b"content-type", b"application/json")]
+_PARAMETERS = "parameters"
+_DISCONNECTED = object()
+_json = msgspec.json.Encoder()
+
+
+def _bad(message: str) -> KernelError:
+    return KernelError(ErrorCode.INVALID_ARG, message)
+
+
+# ---- streaming -----------------------------------------------------------------
+
+
+def is_flag_only(response: InferResponse, decoupled: bool) -> bool:
+    """A decoupled model's bare FINAL flag: it ends the stream and carries no data."""
+    return (
+        decoupled
+        and response.final
+        and response.error is None
+        and not response.outputs
+        and not response.parameters
+    )
+
+
+def status_for(error: KernelError) -> int:
+    # The HTTP app's mapping; imported lazily to keep this module importable on its own.
+    from transports.http.app import status_for as _status_for
+
+    return _status_for(error)
+
+
+class ResponseQueue:
+    """Collects a request's responses (set before submitting it)."""
+
+    def __init__(self, request: InferRequest):
+        self.request = request
+        self.queue: asyncio.Queue = asyncio.Queue()
+        request.on_response = self.queue.put_nowait
+        self._watcher: Optional[asyncio.Future] = None
+
+    def watch_disconnect(self, receive) -> None:
+        """A client that goes away cancels the request and ends the wait."""
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.request.cancel()
+                    self.queue.put_nowait(_DISCONNECTED)
+                    return
+
+        self._watcher = asyncio.ensure_future(watch())
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    async def get(self):
+        """The next response, or None once the client has disconnected."""
+        item = await self.queue.get()
+        return None if item is _DISCONNECTED else item
+
+
+def sse_event(doc_json: bytes) -> bytes:
+    return b"data: " + doc_json + b"\n\n"
+
+
+async def stream_events(
+    responses: ResponseQueue,
+    send,
+    encode: Callable[[InferResponse], bytes],
+    decoupled: bool,
+    extra_headers: tuple = (),
+) -> None:
+    """Send each response as an SSE event until the final one.
+
+    As in Triton, the HTTP status is that of the first response (an error
+    response first gives its error status); a later error arrives as an
+    event carrying {"error": ...}, so clients must look at every event.
+    """
+    started = False
+    try:
+        while True:
+            response = await responses.get()
+            if response is None:
+                return  # client went away; the request is cancelled
+            event = b""
+            if not is_flag_only(response, decoupled):
+                if response.error is not None:
+                    event = sse_event(codec.error_body(response.error.message))
+                else:
+                    try:
+                        event = sse_event(encode(response))
+                    except KernelError as exc:
+                        event = sse_event(codec.error_body(exc.message))
+            if not started:
+                started = True
+                status = 200 if response.error is None else status_for(response.error)
+                headers = [(b"content-type", SSE_CONTENT_TYPE), *extra_headers]
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+            if response.final:
+                await send({"type": "http.response.body", "body": event, "more_body": False})
+                return
+            if event:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+    finally:
+        responses.close()
+
+
+# ---- the generate extension ------------------------------------------------------
+
+
+async def handle_generate(app, name: str, version: str, streaming: bool, scope, receive, send) -> None:
+    """Serve one generate / generate_stream call; KernelError before inference -> caller's JSON error."""
+    server = app.server
+    model = server.model(name, version)
+    body = await app._read_body(receive)
+    if body is None:
+        return  # client went away
+    for key, value in scope["headers"]:
+        if key == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            raise _bad("Unsupported content-encoding, only 'identity' is supported.")
+    request = build_generate_request(body, model, name, version)
+    responses = ResponseQueue(request)
+    server.submit(request)
+    responses.watch_disconnect(receive)
+    if streaming:
+        await stream_events(responses, send, encode_generate_response, model.decoupled)
+        return
+    try:
+        chunks: list[InferResponse] = []
+        while True:
+            response = await responses.get()
+            if response is None:
+                return
+            if not is_flag_only(response, model.decoupled):
+                chunks.append(response)
+            if response.final:
+                break
+    finally:
+        responses.close()
+    if len(chunks) != 1:
+        await _send_json(
+            send,
+            500,
+            codec.error_body(
+                "generate expects model to produce exactly 1 response, use generate stream for model "
+                f"that generates various number of responses (got {len(chunks)})"
+            ),
+        )
+        return
+    response = chunks[0]
+    if response.error is not None:
+        await _send_json(send, status_for(response.error), codec.error_body(response.error.message))
+        return
+    try:
+        doc = encode_generate_response(response)
+    except KernelError as exc:
+        await _send_json(send, status_for(exc), codec.error_body(exc.message))
+        return
+    await _send_json(send, 200, doc)
+
+
+async def _send_json(send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _JSON})
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_generate_request(body: bytes, model, name: str, version: str) -> InferRequest:
+    doc: Any = {}
+    if body.strip():
+        try:
+            doc = msgspec.json.decode(body)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict):
+        raise _bad("failed to parse the request JSON buffer: the generate request must be a JSON object")
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise _bad("Unable to parse 'id': expected a string")
+    batch = [-1] if model.max_batch_size > 0 else []
+    shapes = {spec.name: (spec.datatype, batch + list(spec.dims)) for spec in model.inputs.values()}
+    tensors: list[dict] = []
+    params: dict[str, Any] = {}
+
+    def take(key: str, value: Any) -> None:
+        if key in shapes:
+            datatype, dims = shapes[key]
+            flat = _flatten(value)
+            tensors.append({"name": key, "datatype": datatype, "shape": _fit_shape(key, dims, len(flat)), "data": flat})
+        elif isinstance(value, (str, bool, int, float)):
+            params[key] = value
+        else:
+            raise _bad(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+
+    for key, value in doc.items():
+        if key == _PARAMETERS:
+            if key in shapes:
+                raise _bad(f"Keyword '{key}' for nested schema also given as input tensor name")
+            if not isinstance(value, dict):
+                raise _bad(f"Expected JSON object for keyword: '{key}'")
+            for k, v in value.items():
+                take(k, v)
+        else:
+            take(key, value)
+    inputs: list[InferTensor] = []
+    if tensors:
+        parsed, _, _ = codec.parse_infer_request(_json.encode({"inputs": tensors}), None, name, version)
+        inputs = parsed.inputs
+    return InferRequest(name, version, request_id, inputs, None, params)
+
+
+def _flatten(value: Any) -> list:
+    if not isinstance(value, list):
+        return [value]
+    out: list = []
+    for item in value:
+        out.extend(_flatten(item))
+    return out
+
+
+def _fit_shape(name: str, dims: list[int], count: int) -> list[int]:
+    """Fit `count` elements to the model's dims: fixed dims first, the innermost -1 takes the rest."""
+    shape = list(dims)
+    remaining = count
+    for d in reversed(shape):
+        if d != -1:
+            if d == 0 or remaining % d:
+                raise _bad(f"The schema can not convert input '{name}' to tensor with proper shape")
+            remaining //= d
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] == -1:
+            shape[i] = remaining
+            remaining = 1
+    if remaining != 1 and count != 0:
+        raise _bad(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return shape
+
+
+def encode_generate_response(response: InferResponse) -> bytes:
+    fields: dict[str, Any] = {}
+    if response.id:
+        fields["id"] = response.id
+    fields["model_name"] = response.model_name
+    fields["model_version"] = response.model_version
+    for key, value in (response.parameters or {}).items():
+        if not isinstance(value, (str, bool, int, float)):
+            raise KernelError(
+                ErrorCode.UNSUPPORTED, f"Response parameter '{key}' has a type that generate cannot return"
+            )
+        fields.setdefault(key, value)
+    for tensor in response.outputs:
+        values = _tensor_values(tensor)
+        fields.setdefault(tensor.name, values[0] if len(values) == 1 else values)
+    return _json.encode({k: fields[k] for k in sorted(fields)})
+
+
+def _tensor_values(tensor: InferTensor) -> list:
+    if tensor.datatype == "BF16":
+        raise KernelError(ErrorCode.UNSUPPORTED, f"output '{tensor.name}' is BF16, which generate cannot return")
+    flat = tensor.as_numpy().reshape(-1)
+    if tensor.datatype != "BYTES":
+        return flat.tolist()
+    out = []
+    for item in flat:
+        if isinstance(item, (bytes, bytearray)):
+            try:
+                out.append(item.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(item.decode("latin-1"))
+        else:
+            out.append(str(item))
+    return out
+
+
+# ---- KServe v2 inference as an event stream (SageMaker /invocations-response-stream) ----
+
+
+async def handle_infer_stream(app, name: str, version: str, header_length: Optional[int], receive, send) -> None:
+    """Run a KServe v2 infer request and stream each response as an SSE event of KServe v2 JSON."""
+    server = app.server
+    model = server.model(name, version)
+    body = await app._read_body(receive)
+    if body is None:
+        return
+    request, _, _ = codec.parse_infer_request(body, header_length, name, version)
+    responses = ResponseQueue(request)
+    server.submit(request)
+    responses.watch_disconnect(receive)
+
+    def encode(response: InferResponse) -> bytes:
+        doc, _ = codec.encode_infer_response(response, False, {})
+        return doc
+
+    await stream_events(responses, send, encode, model.decoupled)
+
+
+__all__ = [
+    "ResponseQueue",
+    "build_generate_request",
+    "encode_generate_response",
+    "handle_generate",
+    "handle_infer_stream",
+    "stream_events",
+]

@@ -1,0 +1,5 @@
+"""Prometheus metrics endpoint (`GET /metrics` on --metrics-port)."""
+
+from transports.metrics.transport import MetricsTransport
+
+__all__ = ["MetricsTransport"]

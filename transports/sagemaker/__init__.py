@@ -1,0 +1,5 @@
+"""The SageMaker hosting endpoint (/ping, /invocations, multi-model /models) and its `serve` entry point."""
+
+from transports.sagemaker.transport import SageMakerTransport
+
+__all__ = ["SageMakerTransport"]
