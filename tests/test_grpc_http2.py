@@ -244,6 +244,21 @@ def test_rst_stream_cancels_the_request(server, raw):
     assert raw.call(3)[2]["grpc-status"] == "0"
 
 
+def test_dropped_connection_cancels_the_request(server):
+    c = RawClient(server.grpc_port)
+    tag = b"raw-drop"
+    I = tc_pb.ModelInferRequest.InferInputTensor
+    request = tc_pb.ModelInferRequest(model_name="cancel_watcher", inputs=[I(name="TAG", datatype="BYTES", shape=[1])],
+                                      raw_input_contents=[struct.pack("<I", len(tag)) + tag])
+    c.request(1, INFER, grpc_message(request))
+    time.sleep(0.3)
+    c.close()  # no RST_STREAM, no GOAWAY: the TCP connection just goes away
+    deadline = time.time() + 10
+    while time.time() < deadline and "cancel_watcher saw cancellation of raw-drop" not in server.log():
+        time.sleep(0.05)
+    assert "cancel_watcher saw cancellation of raw-drop" in server.log()
+
+
 def test_grpc_timeout_header(server, raw):
     tag = b"raw-timeout"
     I = tc_pb.ModelInferRequest.InferInputTensor

@@ -214,7 +214,7 @@ def _contents_tensor(io, model_name: str) -> InferTensor:
             raw = np.array(values, dtype=datatypes.datatype_to_numpy(native)).astype(
                 datatypes.datatype_to_numpy(carried), copy=False
             ).tobytes()
-    return InferTensor(io.name, datatype, io.shape, raw=b"" if raw is None else raw)
+    return InferTensor(io.name, datatype, io.shape[:], raw=b"" if raw is None else raw)
 
 
 def _check_tensor_parameters(io, model_name: str, what: str) -> None:
@@ -248,7 +248,8 @@ def parse_infer_request(msg) -> tuple[InferRequest, bool]:
                 )
             tensors.append(_contents_tensor(io, model_name))
         elif index < n_raw:
-            tensors.append(InferTensor(io.name, io.datatype, io.shape, raw=raw_contents[index]))
+            # (shape[:] makes a list: far cheaper than iterating the repeated field)
+            tensors.append(InferTensor(io.name, io.datatype, io.shape[:], raw=raw_contents[index]))
             index += 1
         else:
             raise _bad(f"unable to find data for input tensor '{io.name}' for model '{model_name}' in request.")
@@ -274,12 +275,156 @@ def parse_infer_request(msg) -> tuple[InferRequest, bool]:
 
 
 # ---------------------------------------------------------------- responses
+#
+# Responses are serialized by hand rather than through message objects: the
+# fields are few and fixed, the per-output metadata repeats from one response
+# to the next (and is cached), and output bytes go from the core response into
+# the wire message with a single copy (in the final join). The encoding is
+# exactly what protobuf produces for the same ModelInferResponse: fields in
+# number order, proto3 defaults (empty strings) left out;
+# tests/test_grpc_codec.py checks it against the generated classes.
+
+_VARINT_1 = [bytes([i]) for i in range(128)]
+
+
+def _varint(n: int) -> bytes:
+    if n < 128:
+        return _VARINT_1[n] if n >= 0 else _varint(n & 0xFFFFFFFFFFFFFFFF)
+    out = bytearray()
+    while n >= 128:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited field: tag, length, bytes."""
+    return tag + _varint(len(data)) + data
+
+
+# Tags (field number << 3 | wire type 2) of the length-delimited fields used here.
+_T1, _T2, _T3, _T4, _T5, _T6 = b"\x0a", b"\x12", b"\x1a", b"\x22", b"\x2a", b"\x32"
+
+_output_meta: dict = {}
+_model_prefix: dict = {}
+
+
+def _output_field(name: str, datatype: str, shape: tuple) -> bytes:
+    """ModelInferResponse field 5 (one InferOutputTensor without contents), cached."""
+    key = (name, datatype, shape)
+    hit = _output_meta.get(key)
+    if hit is None:
+        body = b""
+        if name:
+            body += _field(_T1, name.encode())
+        if datatype:
+            body += _field(_T2, datatype.encode())
+        if shape:
+            body += _field(_T3, b"".join(_varint(d) for d in shape))
+        hit = _field(_T5, body)
+        if len(_output_meta) >= 4096:
+            _output_meta.clear()
+        _output_meta[key] = hit
+    return hit
+
+
+def _prefix(model_name: str, model_version: str) -> bytes:
+    """Fields 1 and 2 (model name and version), cached."""
+    key = (model_name, model_version)
+    hit = _model_prefix.get(key)
+    if hit is None:
+        hit = (_field(_T1, model_name.encode()) if model_name else b"") + (
+            _field(_T2, model_version.encode()) if model_version else b""
+        )
+        if len(_model_prefix) >= 1024:
+            _model_prefix.clear()
+        _model_prefix[key] = hit
+    return hit
+
+
+def parameters_bytes(params: dict) -> bytes:
+    """ModelInferResponse field 4 entries for a parameters dict (rare: built through protobuf)."""
+    msg = pb.ModelInferResponse()
+    set_parameters(msg.parameters, params)
+    return msg.SerializeToString()
+
+
+def _final_flag(value: bool) -> bytes:
+    msg = pb.ModelInferResponse()
+    msg.parameters["triton_final_response"].bool_param = value
+    return msg.SerializeToString()
+
+
+# the `triton_final_response` parameter of stream responses, serialized
+FINAL_TRUE = _final_flag(True)
+FINAL_FALSE = _final_flag(False)
+
+
+def infer_response_parts(response: InferResponse, extra: bytes = b"") -> tuple[list, int]:
+    """A successful core response as serialized ModelInferResponse pieces and their total size.
+
+    Every output goes out as raw contents, as tritonserver sends them. `extra`
+    is more field-4 bytes (a stream response's final flag).
+    """
+    parts = [_prefix(response.model_name, response.model_version)]
+    rid = response.id
+    if rid:
+        parts.append(_field(_T3, rid.encode()))
+    if response.parameters:
+        parts.append(parameters_bytes(response.parameters))
+    if extra:
+        parts.append(extra)
+    outputs = response.outputs
+    if outputs:
+        for t in outputs:
+            parts.append(_output_field(t.name, t.datatype, t.shape))
+        for t in outputs:
+            raw = t.raw
+            n = len(raw) if type(raw) is bytes else memoryview(raw).nbytes
+            parts.append(_T6 + _varint(n))
+            parts.append(raw)
+    size = 0
+    for p in parts:
+        size += len(p) if type(p) is bytes else memoryview(p).nbytes
+    return parts, size
+
+
+def encode_infer_response(response: InferResponse) -> bytes:
+    """A successful core response as a serialized ModelInferResponse."""
+    parts, _ = infer_response_parts(response)
+    return b"".join(parts)
+
+
+def stream_response(response: InferResponse, final: bool) -> bytes:
+    """ModelStreamInferResponse for a successful response, with Triton's final flag."""
+    parts, size = infer_response_parts(response, FINAL_TRUE if final else FINAL_FALSE)
+    return b"".join([_T2, _varint(size), *parts])
+
+
+def stream_error(message: str, request_id: str, model_name: str = "", model_version: str = "",
+                 final: Optional[bool] = None) -> bytes:
+    """ModelStreamInferResponse carrying an error for one request (the stream goes on).
+
+    A request refused outright names only its id; a failed response also
+    names the model and carries the final flag, as Triton writes them.
+    """
+    inner = _prefix(model_name, model_version) + (_field(_T3, request_id.encode()) if request_id else b"")
+    if final is not None:
+        inner += FINAL_TRUE if final else FINAL_FALSE
+    return (_field(_T1, message.encode()) if message else b"") + _field(_T2, inner)
+
+
+def stream_empty_final(request_id: str, model_name: str, model_version: str) -> bytes:
+    """The empty response that closes a decoupled request when the client asked for it."""
+    inner = _prefix(model_name, model_version) + (_field(_T3, request_id.encode()) if request_id else b"")
+    return _field(_T2, inner + FINAL_TRUE)
+
 
 def fill_infer_response(msg, response: InferResponse) -> None:
-    """Write a successful core response into an empty ModelInferResponse.
+    """Write a successful core response into an empty ModelInferResponse object.
 
-    Every output goes out as raw contents, as tritonserver sends them; the
-    message is filled in place so a stream response needs no extra copy.
+    The reference for the hand-written encoding above (see the tests).
     """
     msg.model_name = response.model_name
     msg.model_version = response.model_version

@@ -24,6 +24,11 @@ log = logging.getLogger("kernel.grpc")
 _UNPARSABLE = object()
 
 
+def _serialize(message) -> bytes:
+    # a protobuf message or service.Serialized: both have SerializeToString
+    return message.SerializeToString()
+
+
 def _lenient(message_type):
     """A deserializer that hands back a marker instead of raising on a bad message."""
     from google.protobuf.message import DecodeError
@@ -75,11 +80,11 @@ class GrpcioServer:
             )
         handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
             self._model_infer, request_deserializer=_lenient(pb.ModelInferRequest),
-            response_serializer=pb.ModelInferResponse.SerializeToString,
+            response_serializer=_serialize,
         )
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             self._model_stream_infer, request_deserializer=_lenient(pb.ModelInferRequest),
-            response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+            response_serializer=_serialize,
         )
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         self._port: Optional[int] = None

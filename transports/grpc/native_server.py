@@ -686,7 +686,9 @@ class GrpcConnection(asyncio.Protocol):
 
     def _start_infer(self, s: _Stream, msg) -> None:
         try:
-            s.request = self.service.start_infer(msg, lambda response: self._infer_done(s, response))
+            request = self.service.start_infer(msg, lambda response: self._infer_done(s, response))
+            if not s.closed and s.trailers is None:  # (unless it was answered on the spot)
+                s.request = request
         except KernelError as exc:
             self._finish(s, codec.status_code(exc), exc.message)
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the connection down
@@ -697,17 +699,37 @@ class GrpcConnection(asyncio.Protocol):
         s.request = None
         if s.closed or s.trailers is not None:
             return
-        try:
-            reply = self.service.infer_reply(response)
-            body = reply.SerializeToString()
-        except KernelError as exc:
-            self._finish(s, codec.status_code(exc), exc.message)
+        error = response.error
+        if error is not None:
+            self._finish(s, codec.status_code(error), error.message)
             return
+        try:
+            parts, size = codec.infer_response_parts(response)
         except Exception as exc:  # noqa: BLE001
             log.exception("unexpected error encoding a ModelInfer response")
             self._finish(s, codec.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             return
-        self._reply(s, body)
+        n = size + 5
+        if n <= self.peer_max_frame and n <= self.send_window and n <= s.send_window and not self.paused:
+            # The common case: headers, the whole message and the trailers in one write.
+            self.send_window -= n
+            s.send_window -= n
+            s.headers_sent = True
+            sid = s.id
+            self._close_stream(s)
+            out = self.out
+            out.append(_frame(HEADERS, FLAG_END_HEADERS, sid, _RESPONSE_HEADERS))
+            out.append(_frame_head(DATA, 0, sid, n))
+            out.append(b"\x00" + _U32.pack(size))
+            out.extend(parts)
+            out.append(_frame(HEADERS, FLAG_END_STREAM | FLAG_END_HEADERS, sid, _TRAILERS_OK))
+            self.pings_without_data = 0
+            if not s.remote_closed:
+                out.append(_frame(RST_STREAM, 0, sid, _U32.pack(NO_ERROR)))
+            if self.flush_handle is None:
+                self.flush_handle = self.loop.call_soon(self._flush)
+            return
+        self._reply(s, b"".join(parts))
 
     def _call_unary(self, s: _Stream, msg) -> None:
         try:
@@ -759,7 +781,7 @@ class GrpcConnection(asyncio.Protocol):
                 chunks.append(_frame(HEADERS, FLAG_END_HEADERS, s.id, _RESPONSE_HEADERS))
             data = []
             while outbox:
-                body = outbox.popleft().SerializeToString()
+                body = outbox.popleft()
                 data.append(b"\x00" + _U32.pack(len(body)))
                 data.append(body)
             self._send(s, chunks, b"".join(data), None)

@@ -29,8 +29,6 @@ log = logging.getLogger("kernel.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
 
-_ModelInferResponse = pb.ModelInferResponse
-_ModelStreamInferResponse = pb.ModelStreamInferResponse
 
 
 def _unsupported(feature: str) -> KernelError:
@@ -151,18 +149,21 @@ class InferenceService:
         return request
 
     @staticmethod
-    def infer_reply(response: InferResponse) -> pb.ModelInferResponse:
-        """The ModelInferResponse for a response; raises its KernelError if it failed."""
+    def infer_reply(response: InferResponse) -> "Serialized":
+        """The serialized ModelInferResponse for a response; raises its KernelError if it failed."""
         if response.error is not None:
             raise response.error
-        out = _ModelInferResponse()
-        codec.fill_infer_response(out, response)
-        return out
+        return Serialized(codec.encode_infer_response(response))
 
-    async def ModelInfer(self, msg) -> pb.ModelInferResponse:
+    async def ModelInfer(self, msg) -> "Serialized":
         """ModelInfer for server libraries that run each call as a coroutine."""
         future = asyncio.get_running_loop().create_future()
-        request = self.start_infer(msg, future.set_result)
+
+        def done(response: InferResponse) -> None:
+            if not future.done():  # the call may have been cancelled meanwhile
+                future.set_result(response)
+
+        request = self.start_infer(msg, done)
         self.active_infers += 1
         try:
             response = await future
@@ -179,6 +180,18 @@ class InferenceService:
 
     def busy(self) -> bool:
         return self.active_infers > 0 or any(s.inflight for s in self.sessions)
+
+
+class Serialized:
+    """An already-serialized message, for libraries that call SerializeToString() themselves."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf method name
+        return self.data
 
 
 def _once(on_done: Callable[[InferResponse], None]) -> Callable[[InferResponse], None]:
@@ -236,7 +249,7 @@ async def drive_stream(
         outbox = session.outbox
         while True:
             while outbox:
-                await send(outbox.popleft())
+                await send(Serialized(outbox.popleft()))
             if session.finished or read_error is not None:
                 break
             wake = loop.create_future()
@@ -265,7 +278,8 @@ class StreamSession:
 
     The binding feeds it requests (`handle`), tells it when the client has
     finished sending (`end_of_input`) or has gone away (`cancel`), and writes
-    out what appears in `outbox` whenever `on_ready` is called. The call is
+    out what appears in `outbox` (serialized ModelStreamInferResponse
+    messages) whenever `on_ready` is called. The call is
     over when `finished` is true and the outbox is empty; `error` then says
     whether it ends with a non-OK status.
 
@@ -353,9 +367,7 @@ class StreamSession:
             self._refused(msg.id, KernelError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"), slot)
 
     def _refused(self, request_id: str, error: KernelError, slot) -> None:
-        out = _ModelStreamInferResponse(error_message=error.message)
-        out.infer_response.id = request_id
-        self._deliver(out, slot)
+        self._deliver(codec.stream_error(error.message, request_id), slot)
 
     def _responder(self, key: int, request: InferRequest, version: str, decoupled: bool, empty_final: bool, slot):
         request_id = request.id
@@ -372,27 +384,16 @@ class StreamSession:
                 if self.grpc_error_mode:
                     self._fail(error)
                     return
-                out = _ModelStreamInferResponse(error_message=error.message)
-                ir = out.infer_response
-                ir.id = request_id
-                ir.model_name = model_name
-                ir.model_version = version
+                out = codec.stream_error(error.message, request_id, model_name, version, final)
             elif decoupled and final and not response.outputs and not response.parameters:
                 # The model only closed the response stream (FINAL flag, no data).
                 if not empty_final:
                     self._closed_if_finished()
                     self.on_ready()
                     return
-                out = _ModelStreamInferResponse()
-                ir = out.infer_response
-                ir.id = request_id
-                ir.model_name = model_name
-                ir.model_version = version
+                out = codec.stream_empty_final(request_id, model_name, version)
             else:
-                out = _ModelStreamInferResponse()
-                ir = out.infer_response
-                codec.fill_infer_response(ir, response)
-            ir.parameters["triton_final_response"].bool_param = final
+                out = codec.stream_response(response, final)
             self._deliver(out, slot)
 
         return on_response
