@@ -22,8 +22,11 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -67,13 +70,62 @@ def model_counts(srv, model: str) -> tuple[int, int]:
         return 0, 0
 
 
+def run_perf(srv, protocol: str, concurrency: int, args, out: Path, rnd: int):
+    """perf_analyzer once with the stability check; if that fails for any reason (perf_analyzer
+    cannot stabilise, or hangs past its time limit, as it can against Triton's HTTP endpoint at
+    c=64 on this box), once more with the check off (average of 3 windows, marked unstable)."""
+    pt = harness.Point(srv.label, protocol, concurrency, round=rnd, loadavg_1m=round(os.getloadavg()[0], 2))
+    if not srv.alive() or not srv.ready():
+        pt.error = f"{srv.label} is not running/ready"
+        return pt
+    side = "triton" if srv.label == "Triton" else "kernel"
+    log_path = out / f"perf_{side}_{protocol}_c{concurrency}_r{rnd}.log"
+    attempts = [(args.stability_percentage, args.max_trials, True), (1000, 3, False)]
+    with open(log_path, "w") as logf:
+        for stability, trials, stable in attempts:
+            with tempfile.TemporaryDirectory() as td:
+                csv_path = Path(td) / "pa.csv"
+                cmd = [
+                    "bash", str(harness.ANCHORS), "perf", "-m", args.model, "-u", f"localhost:{srv.port(protocol)}",
+                    "-i", protocol, "--concurrency-range", f"{concurrency}:{concurrency}",
+                    "--measurement-interval", str(args.duration_ms), "--stability-percentage", str(stability),
+                    "--max-trials", str(trials), "-f", str(csv_path),
+                ]  # fmt: skip
+                pt.command = shlex.join(cmd[2:]).replace(str(csv_path), "OUT.csv")
+                timeout = args.duration_ms / 1000.0 * (trials + 2) * 3 + 60
+                t0 = time.monotonic()
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True)
+                try:
+                    stdout, _ = proc.communicate(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    harness.kill_group(proc.pid, proc.pid, grace=2.0)
+                    stdout, _ = proc.communicate()
+                    stdout += f"\n[benchmarks/batching.py] perf_analyzer killed after {timeout:.0f} s\n"
+                pt.wall_s = round(time.monotonic() - t0, 1)
+                logf.write(f"$ {shlex.join(cmd)}\n{stdout}\n[rc={proc.returncode}]\n\n")
+                logf.flush()
+                if proc.returncode == 0 and csv_path.exists():
+                    try:
+                        for k, v in harness.parse_perf_csv(csv_path.read_text()).items():
+                            setattr(pt, k, v)
+                        pt.stable, pt.error = stable, None
+                        return pt
+                    except (ValueError, KeyError) as e:
+                        pt.error = f"cannot parse perf_analyzer CSV: {e}"
+                        continue
+                tail = "\n".join(stdout.strip().splitlines()[-4:])
+                pt.error = f"perf_analyzer rc={proc.returncode}: {tail}"
+    return pt
+
+
 def measure(srv, args, out: Path, protocols, rnd: int) -> list:
     points = []
     for protocol in protocols:
         for c in args.concurrency:
             print(f"  {srv.label}: {protocol} c={c} ...", end="", file=sys.stderr, flush=True)
             before = model_counts(srv, args.model)
-            pt = harness.run_perf_analyzer(srv, protocol, c, args, out, rnd)
+            pt = run_perf(srv, protocol, c, args, out, rnd)
             after = model_counts(srv, args.model)
             inferences, executions = after[0] - before[0], after[1] - before[1]
             pt.avg_batch = inferences / executions if executions > 0 else None
@@ -176,6 +228,21 @@ def main(argv=None) -> int:
     text, rows = table(protocols, args.concurrency, triton_pts, kernel_pts)
     print(text)
     ratios = ", ".join(f"{r['protocol'].upper()} c={r['concurrency']}: {r['ratio']:.2f}x" for r in rows if r["ratio"])
+    # The box's load drifts between rounds: Kernel and Triton measured back to back in the same
+    # round are the fairest pairs, so their per-round ratios are reported too.
+    paired = []
+    for proto in protocols:
+        for c in args.concurrency:
+            per_round = []
+            for t_pts, k_pts in zip(triton_runs, kernel_runs):
+                tp = next((p for p in t_pts if p.protocol == proto and p.concurrency == c), None)
+                kp = next((p for p in k_pts if p.protocol == proto and p.concurrency == c), None)
+                if tp and kp and tp.infer_per_s and kp.infer_per_s and not tp.error and not kp.error:
+                    per_round.append(kp.infer_per_s / tp.infer_per_s)
+            if per_round:
+                median = sorted(per_round)[(len(per_round) - 1) // 2]
+                paired.append(f"{proto.upper()} c={c}: " + ", ".join(f"{r:.2f}x" for r in per_round)
+                              + f" (median {median:.2f}x)")
     md = [
         "# Dynamic batching: Kernel vs real Triton",
         "",
@@ -189,12 +256,16 @@ def main(argv=None) -> int:
         f"perf_analyzer `-m {args.model} --concurrency-range C:C --measurement-interval {args.duration_ms} "
         f"--stability-percentage {args.stability_percentage:g} --max-trials {args.max_trials}`; "
         f"{args.rounds} round(s), servers alternating, median round shown"
-        + ("; `*` = perf_analyzer could not stabilise, average of 3 windows." if any(
-            p.stable is False for p in triton_pts + kernel_pts) else "."),
+        + ("; `*` = perf_analyzer could not stabilise (or hung), so the point is the average of 3 windows "
+           "measured with the stability check off." if any(p.stable is False for p in triton_pts + kernel_pts) else "."),
+        f"Box load average (1 min) when the points started: "
+        + ", ".join(f"{p.server} {p.protocol} {p.loadavg_1m}" for p in triton_pts + kernel_pts) + ".",
         "",
         text,
         "",
-        f"**Kernel / Triton throughput: {ratios}**",
+        f"**Kernel / Triton throughput (median rounds): {ratios}**",
+        "",
+        "Kernel / Triton within each round (the two servers measured back to back): " + "; ".join(paired),
         "",
         "Per-round throughput (infer/s): "
         + "; ".join(

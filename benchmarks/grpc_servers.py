@@ -4,10 +4,11 @@ For each round, starts each server in turn on the same model repository
 (real Triton via /work/shared/bench/anchors.sh, then `kernel serve` with
 KERNEL_GRPC_SERVER=native, grpclib and grpcio), runs `perf_analyzer -i grpc`
 at every concurrency, and stops it; only one server runs at a time. Reports
-the median round per (server, concurrency), the ratio to Triton, and the
-front process's CPU time per request (user+system of the server's main
-process over the run divided by the requests served: steadier than
-throughput on a shared, noisy box).
+the median round per (server, concurrency), the ratio to Triton (the median
+of each round's ratio, so servers are compared with the Triton measured
+minutes before them), and the front process's CPU time per request
+(user+system of the server's main process over the run divided by the
+requests served: steadier than throughput on a shared, noisy box).
 
     .venv/bin/python benchmarks/grpc_servers.py                     # 3 rounds, c=1 and c=16
     .venv/bin/python benchmarks/grpc_servers.py --rounds 5 --servers native triton
@@ -189,17 +190,19 @@ def main(argv=None) -> int:
         "`*`: perf_analyzer could not stabilise within 20% in some round; that round is the average of three "
         "windows with the check off.",
         "",
-        "| server | concurrency | infer/s | vs Triton | avg latency ms | front us/req |",
+        "| server | concurrency | infer/s | vs Triton (median of per-round ratios) | avg latency ms | front us/req |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in ns.concurrency:
-        base = median("triton", c, "throughput")
+        base_rounds = [x["throughput"] for x in results.get(("triton", c), [])]
         for server in ns.servers:
             thr = median(server, c, "throughput")
             if thr is None:
                 continue
             unstable = any(not x["stable"] for x in results[(server, c)])
-            ratio = f"{thr / base:.2f}x" if base else "-"
+            mine = [x["throughput"] for x in results[(server, c)]]
+            ratios = [a / b for a, b in zip(mine, base_rounds) if b]
+            ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
             lines.append(
                 f"| {LABELS[server]} | {c} | {thr:,.0f}{' *' if unstable else ''} | {ratio} | "
                 f"{median(server, c, 'latency_us') / 1000:.2f} | {median(server, c, 'cpu_us_per_request'):.0f} |"

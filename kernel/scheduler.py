@@ -7,9 +7,7 @@ Which one a model gets follows its config, as in Triton:
 - `platform: "ensemble"` -> kernel.ensemble.EnsembleScheduler
 - none of these       -> DirectScheduler
 
-The direct scheduler sends each request straight to the healthy instance with
-the fewest requests in flight. The worker queues what it cannot run yet, so an
-instance never idles while the front process has work for it.
+The direct scheduler runs one request per execution (see DirectScheduler).
 
 Every scheduler has `enqueue(request)` (raise KernelError to refuse it),
 `pending_count()` (requests not yet executing, for
@@ -19,15 +17,31 @@ when the server stops).
 
 from __future__ import annotations
 
+from collections import deque
+
 from kernel.backend import BackendInstance
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import InferRequest
 
 
 class DirectScheduler:
-    def __init__(self, model_name: str, instances: list[BackendInstance]):
+    """Triton's default scheduler: one request per execution, no batching.
+
+    With one instance, requests are written straight to its worker, which runs
+    them in turn: the worker never waits for the front process between two
+    requests. With several instances a request goes to an instance that is not
+    executing anything; when all are busy it waits here and goes to the first
+    instance that finishes, so no instance idles while requests wait.
+    """
+
+    def __init__(self, model_name: str, instances: list[BackendInstance], model=None):
         self.model_name = model_name
+        self.model = model
         self.instances = instances
+        self._queue: deque[InferRequest] = deque()
+        if len(instances) > 1:
+            for inst in instances:
+                inst.on_available = self._on_available
 
     def enqueue(self, request: InferRequest) -> None:
         instances = self.instances
@@ -37,21 +51,56 @@ class DirectScheduler:
                 best = None
         else:
             best = None
+            healthy = False
             for inst in instances:
-                if inst.healthy and (best is None or inst.in_flight < best.in_flight):
-                    best = inst
+                if inst.healthy:
+                    healthy = True
+                    if inst.executing == 0 and (best is None or inst.in_flight < best.in_flight):
+                        best = inst
+            if best is None and healthy:
+                self._queue.append(request)
+                return
         if best is None:
             raise KernelError(
                 ErrorCode.UNAVAILABLE, f"no healthy instance of model '{self.model_name}' is available"
             )
         best.submit([request])
 
+    def _on_available(self, instance: BackendInstance) -> None:
+        queue = self._queue
+        while queue and instance.healthy and instance.executing == 0:
+            request = queue.popleft()
+            if request.cancelled:
+                self._cancelled(request)
+                continue
+            instance.submit([request])
+
+    def _cancelled(self, request: InferRequest) -> None:
+        from kernel import stats as st
+        from kernel.request import InferResponse
+
+        model = self.model
+        if model is not None:
+            st.fail_request(model.stats, request, st.CANCELED)
+        if request.on_response is not None:
+            version = model.version_str if model is not None else ""
+            request.on_response(InferResponse(
+                self.model_name, version, request.id, error=KernelError(ErrorCode.CANCELLED, "Request was cancelled")))
+
     def pending_count(self) -> int:
-        # One request per instance is executing; the rest wait in the workers.
-        return sum(max(0, inst.in_flight - 1) for inst in self.instances)
+        if len(self.instances) == 1:
+            # One request executes; the rest wait in the worker.
+            return max(0, self.instances[0].in_flight - 1)
+        return len(self._queue)
 
     def close(self) -> None:
-        pass
+        error = KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; the request was not executed")
+        from kernel.request import InferResponse
+
+        while self._queue:
+            request = self._queue.popleft()
+            if request.on_response is not None:
+                request.on_response(InferResponse(self.model_name, "", request.id, error=error))
 
 
 def make_scheduler(core, model):
@@ -70,4 +119,4 @@ def make_scheduler(core, model):
         from kernel.sequence_batcher import SequenceBatcher
 
         return SequenceBatcher(model, model.instances)
-    return DirectScheduler(model.name, model.instances)
+    return DirectScheduler(model.name, model.instances, model)

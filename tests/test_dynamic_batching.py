@@ -322,3 +322,20 @@ async def test_orderer_releases_responses_in_request_order():
     requests[0].on_response(InferResponse("m", "1"))
     assert got == [0, 1, 2]
 
+
+
+async def test_direct_scheduler_keeps_every_instance_busy():
+    from kernel.scheduler import DirectScheduler
+
+    a, b = _FakeInstance("a"), _FakeInstance("b")
+    sched = DirectScheduler("m", [a, b])
+    requests = [_request() for _ in range(4)]
+    for r in requests:
+        sched.enqueue(r)
+    assert [len(a.batches), len(b.batches)] == [1, 1]
+    assert sched.pending_count() == 2  # waiting for whichever instance finishes first
+    b.finish()
+    assert b.batches[-1] == [requests[2]]
+    b.finish()
+    assert b.batches[-1] == [requests[3]]
+    assert len(a.batches) == 1 and sched.pending_count() == 0

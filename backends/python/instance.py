@@ -83,6 +83,7 @@ class WorkerInstance(BackendInstance):
         self._has_is_ready = False
         self._ready_checks: dict[int, asyncio.Future] = {}
         self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
+        self._async_execute = False
 
     # ---- lifecycle -----------------------------------------------------
 
@@ -235,7 +236,9 @@ class WorkerInstance(BackendInstance):
 
     @property
     def executing(self) -> int:
-        return self._executing
+        # An async execute returns to the worker's loop at once (as Triton's Python backend
+        # returns from TRITONBACKEND_ModelInstanceExecute): the instance can take more batches.
+        return 0 if self._async_execute else self._executing
 
     def submit(self, requests: list[InferRequest]) -> None:
         if not self.healthy:
@@ -301,6 +304,7 @@ class WorkerInstance(BackendInstance):
                 fut.set_result((msg.ready, msg.reason))
         elif type(msg) is messages.Ready:
             self._has_is_ready = msg.has_is_ready
+            self._async_execute = msg.async_execute
             if not self._ready.done():
                 self._ready.set_result(msg.error)
         elif type(msg) is messages.Finalized:

@@ -98,6 +98,7 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     error: Optional[str] = None
     has_is_ready: bool = False  # the model defines is_ready()
+    async_execute: bool = False  # `async def execute`: executions overlap, the instance never looks busy
 
 
 class ReadyResult(msgspec.Struct, tag="ready_result", array_like=True):

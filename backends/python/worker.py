@@ -221,7 +221,8 @@ class Worker:
             log.error("%s", message)
             self.channel.send(messages.Ready(message))
             return
-        self.channel.send(messages.Ready(None, has_is_ready=callable(getattr(self.model, "is_ready", None))))
+        self.channel.send(messages.Ready(None, has_is_ready=callable(getattr(self.model, "is_ready", None)),
+                                         async_execute=self.async_execute))
 
     async def check_ready(self, key: int) -> None:
         """Run the model's is_ready(): False, an exception or a non-bool means not ready."""

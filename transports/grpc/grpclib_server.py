@@ -16,8 +16,6 @@ from typing import Optional
 from google.protobuf.message import DecodeError
 from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
-from grpclib.protocol import H2Protocol, _set_nodelay
-from grpclib.server import Handler as _Handler
 from grpclib.server import Server as _GrpclibServer
 
 from kernel.errors import KernelError
@@ -146,61 +144,6 @@ async def _messages(stream):
         yield msg
 
 
-class _CoalescingTransport:
-    """Gathers the writes one loop iteration makes on a connection into one send.
-
-    grpclib writes each HTTP/2 frame group (headers, data, trailers, window
-    updates) as soon as it is produced; on a busy connection that is several
-    send() system calls per response. Flushing once per iteration sends them,
-    and the frames of every response finished in that iteration, together.
-    """
-
-    __slots__ = ("_transport", "_loop", "_buffer", "_scheduled")
-
-    def __init__(self, transport, loop):
-        self._transport = transport
-        self._loop = loop
-        self._buffer: list = []
-        self._scheduled = False
-
-    def write(self, data) -> None:
-        if not data:
-            return
-        self._buffer.append(data)
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._scheduled = False
-        buffer, self._buffer = self._buffer, []
-        if buffer and not self._transport.is_closing():
-            self._transport.write(buffer[0] if len(buffer) == 1 else b"".join(buffer))
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name):
-        return getattr(self._transport, name)
-
-
-class _Protocol(H2Protocol):
-    def connection_made(self, transport) -> None:
-        super().connection_made(_CoalescingTransport(transport, asyncio.get_running_loop()))
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            _set_nodelay(sock)
-
-
-class _Server(_GrpclibServer):
-    def _protocol_factory(self):
-        self.__gc_step__()
-        handler = _Handler(self._mapping, self._codec, self._status_details_codec, self.__dispatch__)
-        self._handlers.add(handler)
-        return _Protocol(handler, self._config, self._h2_config)
-
-
 class GrpclibServer:
     """Owns the grpclib Server: listen, and stop gracefully."""
 
@@ -208,7 +151,7 @@ class GrpclibServer:
         from grpclib.config import Configuration
 
         self.service = service
-        self.server = _Server([GrpclibBinding(service)], codec=_Codec(), config=config or Configuration())
+        self.server = _GrpclibServer([GrpclibBinding(service)], codec=_Codec(), config=config or Configuration())
 
     async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
         await self.server.start(address, port, ssl=ssl_context, reuse_address=True)

@@ -726,8 +726,16 @@ class GrpcConnection(asyncio.Protocol):
             self.pings_without_data = 0
             if not s.remote_closed:
                 out.append(_frame(RST_STREAM, 0, sid, _U32.pack(NO_ERROR)))
-            if self.flush_handle is None:
-                self.flush_handle = self.loop.call_soon(self._flush)
+            if self.streams:
+                # Other calls are in flight: their responses may finish in this same
+                # loop iteration, so gather them into one write.
+                if self.flush_handle is None:
+                    self.flush_handle = self.loop.call_soon(self._flush)
+            else:
+                # The only call on the connection: answer without waiting.
+                if self.flush_handle is not None:
+                    self.flush_handle.cancel()
+                self._flush()
             return
         self._reply(s, b"".join(parts))
 
@@ -947,7 +955,7 @@ class GrpcConnection(asyncio.Protocol):
     def _close_now(self) -> None:
         if self.flush_handle is not None:
             self.flush_handle.cancel()
-            self._flush()
+        self._flush()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
