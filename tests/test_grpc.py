@@ -66,6 +66,18 @@ def test_health(client):
     assert not client.is_model_ready("no_such_model")
 
 
+def test_grpc_health_service(server):
+    """grpc.health.v1.Health/Check, which tritonserver answers too (Kubernetes gRPC probes use it)."""
+    channel = grpc.insecure_channel(server.grpc_url)
+    try:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        # HealthCheckRequest{service: ""} is empty; HealthCheckResponse{status: SERVING (1)}
+        assert check(b"", timeout=10) == b"\x08\x01"
+        assert check(b"\x0a\x09inference", timeout=10) == b"\x08\x01"
+    finally:
+        channel.close()
+
+
 def test_model_ready_refuses_a_malformed_version(client):
     with pytest.raises(InferenceServerException) as info:
         client.is_model_ready("add_sub", "abc")

@@ -16,7 +16,7 @@ from typing import Optional
 from kernel.errors import KernelError
 from transports.grpc import codec
 from transports.grpc.protos import grpc_service_pb2 as pb
-from transports.grpc.service import SERVICE, InferenceService, StreamError, drive_stream
+from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
 
 log = logging.getLogger("kernel.grpc")
 
@@ -86,7 +86,16 @@ class GrpcioServer:
             self._model_stream_infer, request_deserializer=_lenient(pb.ModelInferRequest),
             response_serializer=_serialize,
         )
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        health = {
+            "Check": grpc.unary_unary_rpc_method_handler(
+                self._unary(service.HealthCheck), request_deserializer=Serialized.FromString,
+                response_serializer=_serialize,
+            )
+        }
+        self.server.add_generic_rpc_handlers((
+            grpc.method_handlers_generic_handler(SERVICE, handlers),
+            grpc.method_handlers_generic_handler(HEALTH_SERVICE, health),
+        ))
         self._port: Optional[int] = None
 
     async def _abort(self, context, exc: KernelError):

@@ -21,7 +21,7 @@ from grpclib.server import Server as _GrpclibServer
 from kernel.errors import KernelError
 from transports.grpc import codec
 from transports.grpc.protos import grpc_service_pb2 as pb
-from transports.grpc.service import SERVICE, InferenceService, StreamError, drive_stream
+from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
 
 log = logging.getLogger("kernel.grpc")
 
@@ -90,6 +90,9 @@ class GrpclibBinding:
             mapping[f"/{SERVICE}/{name}"] = Handler(
                 self._unary(getattr(self.service, name)), Cardinality.UNARY_UNARY, req, resp
             )
+        mapping[f"/{HEALTH_SERVICE}/Check"] = Handler(
+            self._unary(self.service.HealthCheck), Cardinality.UNARY_UNARY, Serialized, Serialized
+        )
         mapping[f"/{SERVICE}/ModelInfer"] = Handler(
             self._model_infer, Cardinality.UNARY_UNARY, pb.ModelInferRequest, pb.ModelInferResponse
         )

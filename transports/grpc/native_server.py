@@ -43,7 +43,7 @@ from google.protobuf.message import DecodeError
 from kernel.errors import KernelError
 from transports.grpc import codec
 from transports.grpc.protos import grpc_service_pb2 as pb
-from transports.grpc.service import SERVICE, InferenceService
+from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized
 
 log = logging.getLogger("kernel.grpc")
 
@@ -187,6 +187,7 @@ def method_table(service: InferenceService) -> dict[bytes, tuple]:
     table: dict[bytes, tuple] = {}
     for name, req in _UNARY_TYPES.items():
         table[f"/{SERVICE}/{name}".encode()] = (UNARY, req, getattr(service, name))
+    table[f"/{HEALTH_SERVICE}/Check".encode()] = (UNARY, Serialized, service.HealthCheck)
     table[f"/{SERVICE}/ModelInfer".encode()] = (INFER, pb.ModelInferRequest, None)
     table[f"/{SERVICE}/ModelStreamInfer".encode()] = (STREAM, pb.ModelInferRequest, None)
     return table

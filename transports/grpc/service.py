@@ -29,6 +29,9 @@ log = logging.getLogger("kernel.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
 
+# The standard gRPC health service, which tritonserver also answers (Check only).
+HEALTH_SERVICE = "grpc.health.v1.Health"
+
 
 
 def _unsupported(feature: str) -> KernelError:
@@ -59,6 +62,14 @@ class InferenceService:
         if inspect.isawaitable(ready):  # the model's own is_ready() may be asked
             ready = await ready
         return pb.ModelReadyResponse(ready=ready)
+
+    def HealthCheck(self, msg) -> "Serialized":
+        """grpc.health.v1.Health/Check: SERVING while the server is ready, else NOT_SERVING.
+
+        The request (which names a service) is not looked at, as in tritonserver.
+        The reply is the one-field HealthCheckResponse, serialized by hand.
+        """
+        return Serialized(b"\x08\x01" if self.server.ready else b"\x08\x02")
 
     # ---- metadata ------------------------------------------------------------
 
@@ -192,6 +203,11 @@ class Serialized:
 
     def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf method name
         return self.data
+
+    @classmethod
+    def FromString(cls, data: bytes) -> "Serialized":  # noqa: N802
+        """Stands in for a message type whose contents are not looked at."""
+        return cls(data)
 
 
 def _once(on_done: Callable[[InferResponse], None]) -> Callable[[InferResponse], None]:
