@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernel.errors import ErrorCode, KernelError
-from kernel.model_config import ModelConfig, parse_config_text
+from kernel.config_pbtxt import ModelConfig, parse_config_text
 
 log = logging.getLogger("kernel.repository")
 

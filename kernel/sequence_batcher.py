@@ -34,7 +34,7 @@ from kernel import datatypes
 from kernel import stats as st
 from kernel.dynamic_batcher import _TIMER_SLACK_NS, _respond_error, input_signature_checker, log_request
 from kernel.errors import ErrorCode, KernelError
-from kernel.model_config import sequence_control
+from kernel.config_pbtxt import sequence_control
 from kernel.protos.model_config_pb2 import DataType, ModelSequenceBatching
 from kernel.request import (
     REQUEST_FLAG_SEQUENCE_END,

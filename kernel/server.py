@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from kernel import __version__, model_config, repository
+from kernel import __version__, config_pbtxt, repository
 from kernel.backend import Backend, ModelSource
 from kernel.errors import ErrorCode, KernelError
 from kernel.model import Model, ModelState
@@ -208,12 +208,12 @@ class Server:
             # Loaded under another name (load_model_from_path): that name wins,
             # as with Triton's repository name mapping.
             cfg.name = md.name
-        if cfg.platform == model_config.ENSEMBLE_PLATFORM:  # run by the core, no backend
-            model_config.normalize_config(cfg, md.name, model_path=md.path)
-            model_config.validate_config(cfg)
+        if cfg.platform == config_pbtxt.ENSEMBLE_PLATFORM:  # run by the core, no backend
+            config_pbtxt.normalize_config(cfg, md.name, model_path=md.path)
+            config_pbtxt.validate_config(cfg)
             return cfg
         backend = self._backend_for(cfg, md)
-        model_config.normalize_config(cfg, md.name, model_path=md.path)
+        config_pbtxt.normalize_config(cfg, md.name, model_path=md.path)
         if not self.options.disable_auto_complete_config and not (
             self.options.strict_model_config and md.config_path is not None
         ):
@@ -221,9 +221,9 @@ class Server:
             if latest is not None and _defines_auto_complete(backend.model_file(md.versions[latest], cfg)):
                 completed = await backend.auto_complete(self._source(md, cfg, latest))
                 if completed is not None:
-                    model_config.apply_autocomplete(cfg, model_config.config_from_dict(completed))
-                    model_config.normalize_config(cfg, md.name, model_path=md.path)
-        model_config.validate_config(cfg)
+                    config_pbtxt.apply_autocomplete(cfg, config_pbtxt.config_from_dict(completed))
+                    config_pbtxt.normalize_config(cfg, md.name, model_path=md.path)
+        config_pbtxt.validate_config(cfg)
         return cfg
 
     def _backend_for(self, cfg, md: repository.ModelDir) -> Backend:
@@ -263,7 +263,7 @@ class Server:
             version_dir=md.versions[version],
             repository=md.path.parent,
             config=cfg,
-            config_json=model_config.config_to_json(cfg),
+            config_json=config_pbtxt.config_to_json(cfg),
             backend_config=self.options.backend_config.get(backend.name, {}) if backend is not None else {},
         )
 
@@ -272,7 +272,7 @@ class Server:
         log.info("loading: %s:%d", md.name, version)
         source = self._source(md, cfg, version)
         platform = cfg.platform or cfg.backend
-        model = Model(source, model_config.config_to_dict(cfg), platform)
+        model = Model(source, config_pbtxt.config_to_dict(cfg), platform)
         entry.versions[version] = model
         backend = self.backends.get(cfg.backend)
         started = time.monotonic()

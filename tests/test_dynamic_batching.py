@@ -212,7 +212,7 @@ class _FakeInstance:
 
 
 def _model(config_text: str):
-    from kernel import model_config
+    from kernel import config_pbtxt as model_config
     from kernel.backend import ModelSource
     from kernel.model import Model
 

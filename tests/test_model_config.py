@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel import model_config as mc
+from kernel import config_pbtxt as mc
 from kernel.errors import ErrorCode, KernelError
 from kernel.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 

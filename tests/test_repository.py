@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel import model_config as mc
+from kernel import config_pbtxt as mc
 from kernel.errors import ErrorCode, KernelError
 from kernel.repository import (
     ModelDir,
