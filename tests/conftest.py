@@ -87,6 +87,15 @@ class KernelProcess:
         return self.proc.returncode
 
 
+def serving(repos, *extra: str):
+    """Body of a module-scoped fixture: `yield from serving([REPO])` gives a ready server."""
+    k = KernelProcess(repos, *extra)
+    try:
+        yield k.wait_ready()
+    finally:
+        k.stop()
+
+
 @pytest.fixture(scope="session")
 def server():
     """One server for the read-only tests: the bundled examples plus the test models."""

@@ -17,18 +17,14 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TEST_MODELS, KernelProcess
+from conftest import TEST_MODELS, serving
 
 REPO = TEST_MODELS / "scheduling" / "batching"
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = KernelProcess([REPO])
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from serving([REPO])
 
 
 @pytest.fixture

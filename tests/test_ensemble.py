@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import TEST_MODELS, KernelProcess
+from conftest import TEST_MODELS, serving
 
 REPO = TEST_MODELS / "scheduling" / "ensembles"
 BAD_REPO = TEST_MODELS / "scheduling" / "ensembles_bad"
@@ -24,11 +24,7 @@ Y = np.array([1, 1, 1, 1], np.float32)
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = KernelProcess([REPO])
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from serving([REPO])
 
 
 @pytest.fixture

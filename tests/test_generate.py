@@ -8,18 +8,14 @@ import time
 import httpx
 import pytest
 
-from conftest import EXAMPLES, TEST_MODELS, KernelProcess
+from conftest import EXAMPLES, TEST_MODELS, serving
 
 CLOUD = TEST_MODELS / "cloud"
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = KernelProcess([EXAMPLES, CLOUD])
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from serving([EXAMPLES, CLOUD])
 
 
 @pytest.fixture

@@ -15,18 +15,14 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from conftest import TEST_MODELS, KernelProcess
+from conftest import TEST_MODELS, serving
 
 REPOS = [TEST_MODELS / "scheduling" / "statistics", TEST_MODELS / "scheduling" / "metrics"]
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = KernelProcess(REPOS)
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from serving(REPOS)
 
 
 @pytest.fixture
