@@ -1039,3 +1039,17 @@ def test_log_level_values():
     assert pb_utils.Logger.ERROR == 2
     assert pb_utils.Logger.VERBOSE == 3
     assert pb_utils.LogLevel is pb_utils.Logger.LogLevel
+
+
+def test_bls_request_accepts_bytes_for_string_arguments():
+    # Models often pass a BYTES tensor element (bytes) as the model name.
+    import triton_python_backend_utils as pb_utils
+
+    request = pb_utils.InferenceRequest(
+        model_name=np.array([b"add_sub"], dtype=np.object_)[0],
+        request_id=b"7",
+        requested_output_names=["OUTPUT0"],
+        inputs=[],
+    )
+    assert request._model_name == "add_sub"
+    assert request.request_id() == "7"

@@ -890,6 +890,12 @@ class InferenceRequest:
             raise TypeError(
                 "InferenceRequest() missing required argument(s): " + ", ".join(missing)
             )
+        # Triton's binding takes bytes for string arguments too (a BYTES tensor
+        # element is bytes), so decode them rather than refuse.
+        if isinstance(request_id, bytes):
+            request_id = request_id.decode("utf-8")
+        if isinstance(model_name, bytes):
+            model_name = model_name.decode("utf-8")
         if not isinstance(request_id, str):
             raise TypeError("request_id must be a str")
         if not isinstance(model_name, str):
