@@ -29,6 +29,7 @@ log = logging.getLogger("kernel.server")
 BACKENDS = {"python": "backends.python:PythonBackend"}
 HTTP_TRANSPORT = "transports.http:HttpTransport"
 GRPC_TRANSPORT = "transports.grpc:GrpcTransport"
+GRPC_OPTIONS = "transports.grpc:GrpcOptions"
 METRICS_TRANSPORT = "transports.metrics:MetricsTransport"
 SAGEMAKER_TRANSPORT = "transports.sagemaker:SageMakerTransport"
 VERTEX_AI_TRANSPORT = "transports.vertex:VertexAiTransport"
@@ -52,11 +53,9 @@ NO_EFFECT_FLAGS = {
 # tritonserver flags whose features Kernel does not have yet.
 NOT_YET_FLAGS = {
     "repository-poll-secs", "load-model", "model-config-name", "model-namespacing", "http-restricted-api",
-    "grpc-use-ssl", "grpc-use-ssl-mutual", "grpc-server-cert", "grpc-server-key", "grpc-root-cert",
-    "grpc-keepalive-time", "grpc-keepalive-timeout", "grpc-keepalive-permit-without-calls",
-    "grpc-http2-max-pings-without-data", "grpc-http2-min-recv-ping-interval-without-data",
+    "grpc-http2-min-recv-ping-interval-without-data",
     "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
-    "grpc-infer-allocation-pool-size", "grpc-infer-response-compression-level", "grpc-restricted-protocol",
+    "grpc-infer-response-compression-level", "grpc-restricted-protocol",
     "trace-config", "trace-file", "trace-level", "trace-rate",
     "trace-count", "trace-log-frequency", "cache-config", "cache-directory", "response-cache-byte-size",
     "rate-limit", "rate-limit-resource", "allow-client-shm",
@@ -116,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-grpc", type=parse_bool, default=not vertex_prediction)
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--grpc-keepalive-time", type=int, default=7200000, help="milliseconds")
+    p.add_argument("--grpc-keepalive-timeout", type=int, default=20000, help="milliseconds")
+    p.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False)
+    p.add_argument("--grpc-http2-max-pings-without-data", type=int, default=2)
+    p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, help="accepted; no effect")
+    p.add_argument("--grpc-use-ssl", type=parse_bool, default=False)
+    p.add_argument("--grpc-use-ssl-mutual", type=parse_bool, default=False)
+    p.add_argument("--grpc-server-cert", default="")
+    p.add_argument("--grpc-server-key", default="")
+    p.add_argument("--grpc-root-cert", default="")
+    p.add_argument("--grpc-server", choices=("native", "grpclib", "grpcio"), default=None,
+                   help="Kernel only: the gRPC server implementation (default native)")
     p.add_argument("--allow-metrics", type=parse_bool, default=True)
     p.add_argument("--metrics-address", default=None,
                    help="default: --http-address when HTTP is allowed, else 0.0.0.0")
@@ -277,11 +288,10 @@ def build_server(args) -> Server:
         )
     if args.allow_grpc:
         try:
-            grpc_transport = _load(GRPC_TRANSPORT)
-        except (ImportError, AttributeError):
-            log.warning("gRPC endpoint is not available in this build of Kernel; serving HTTP only")
-        else:
-            server.transports.append(grpc_transport(server, args.grpc_address, args.grpc_port))
+            options = _load(GRPC_OPTIONS).from_args(args)
+        except ValueError as exc:
+            raise StartupError(f"invalid gRPC option: {exc}") from None
+        server.transports.append(_load(GRPC_TRANSPORT)(server, args.grpc_address, args.grpc_port, options=options))
     if args.allow_metrics:
         server.transports.append(
             _load(METRICS_TRANSPORT)(server, args.metrics_address, args.metrics_port,

@@ -38,7 +38,7 @@ class ModelRegistry:
         """The model version a request names ('' = latest ready). Raises with Triton's messages."""
         e = self.entries.get(name)
         if e is None:
-            raise KernelError(ErrorCode.INVALID_ARG, f"Request for unknown model: '{name}' is not found")
+            raise KernelError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if not version:
             m = e.latest_ready()
             if m is None:

@@ -121,7 +121,13 @@ class Server:
         if self._shutting_down:
             raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; new requests are not accepted")
         model = self.registry.get(request.model_name, request.model_version)
-        model.validate(request)
+        try:
+            model.validate(request)
+        except KernelError as exc:
+            # Triton tags request-validation errors with the request id.
+            exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"
+            exc.args = (exc.message,)
+            raise
         request.arrival_ns = _now_ns()
         if model.stats.observer is not None and model.stats.observer.first_response is not None:
             model.stats.observer.watch_first_response(request)

@@ -18,19 +18,27 @@ EXAMPLES = ROOT / "model_repo_examples"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 
 
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: all sockets stay bound until every port is chosen."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class KernelProcess:
     """A `kernel serve` subprocess; its combined output is kept for assertions."""
 
     def __init__(self, repos, *extra: str, env=None):
-        self.http_port = free_port()
-        self.grpc_port = free_port()
-        self.metrics_port = free_port()
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel-test-{self.http_port}.log"
         args = [sys.executable, "-m", "kernel", "serve"]
         for r in repos:

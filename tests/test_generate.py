@@ -96,10 +96,10 @@ def test_generate_errors_are_json_with_a_status(client, body, status, message):
 
 def test_generate_unknown_model_and_method(client):
     r = client.post("/v2/models/no_such_model/generate", json={"text_input": "a"})
-    assert r.status_code == 400 and "unknown model" in r.json()["error"]
+    assert r.status_code == 404 and "unknown model" in r.json()["error"]
     assert client.get("/v2/models/text_echo/generate").status_code == 405
     r = client.post("/v2/models/no_such_model/generate_stream", json={"text_input": "a"})
-    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    assert r.status_code == 404 and r.headers["content-type"] == "application/json"
 
 
 def test_generate_needs_exactly_one_response(client):

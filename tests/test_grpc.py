@@ -298,10 +298,6 @@ def _infer_error(client, model, inputs, **kw):
     return info
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: the registry reports an unknown model as INVALID_ARG; tritonserver reports NOT_FOUND",
-)
 def test_unknown_model_is_not_found(client):
     info = _infer_error(client, "no_such_model", _inputs(INPUT0=np.ones(4, np.float32)))
     assert _status(info) == "StatusCode.NOT_FOUND"

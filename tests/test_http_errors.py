@@ -59,7 +59,7 @@ def test_invalid_utf8_in_json(server):
 def test_unknown_model(http_client):
     with pytest.raises(InferenceServerException) as info:
         http_client.infer("no_such_model", fp32_inputs(INPUT0=np.ones(4)))
-    assert info.value.status() == "400"
+    assert info.value.status() == "404"
     assert "Request for unknown model: 'no_such_model' is not found" in info.value.message()
 
 
