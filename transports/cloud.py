@@ -16,11 +16,10 @@ import msgspec
 
 from kernel.errors import ErrorCode, KernelError
 from kernel.server import Server
+from transports.asgi import JSON_HEADERS, send_error, send_json, send_status  # noqa: F401 - used as cloud.*
 from transports.http.app import HttpApp
 from transports.http.transport import HttpTransport
 
-_encoder = msgspec.json.Encoder()
-JSON_HEADERS = [(b"content-type", b"application/json")]
 IHCL = b"inference-header-content-length"
 
 
@@ -37,20 +36,6 @@ class CloudHttpTransport(HttpTransport):
 
 
 # ---- responses -------------------------------------------------------------------
-
-
-async def send_status(send, status: int) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
-    await send({"type": "http.response.body", "body": b""})
-
-
-async def send_json(send, status: int, doc) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": JSON_HEADERS})
-    await send({"type": "http.response.body", "body": _encoder.encode(doc)})
-
-
-async def send_error(send, status: int, message: str) -> None:
-    await send_json(send, status, {"error": message})
 
 
 async def drain_body(receive) -> None:
@@ -157,11 +142,3 @@ async def delegate(app: HttpApp, scope, receive, send, path: str, method: str, h
     await app(inner, receive, send)
 
 
-async def lifespan(receive, send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -15,6 +15,7 @@ from typing import Optional
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import collect_single_response
 from kernel.server import Server
+from transports.asgi import lifespan, send_error, send_json, send_response, send_status
 from transports.http import codec, generate
 
 log = logging.getLogger("kernel.http")
@@ -45,13 +46,7 @@ class HttpApp:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
 
     async def _http(self, scope, receive, send) -> None:
         path: str = scope["path"]
@@ -59,25 +54,25 @@ class HttpApp:
         try:
             if path == "/v2/models/stats":  # statistics extension, every model
                 self._require(method, "GET")
-                await _json(send, 200, self.server.statistics())
+                await send_json(send, 200, self.server.statistics())
             elif path.startswith("/v2/models/"):
                 await self._model_route(path[11:], method, scope, receive, send)
             elif path == "/v2/health/live":
-                await _status_only(send, 200 if self.server.live else 400)
+                await send_status(send, 200 if self.server.live else 400)
             elif path == "/v2/health/ready":
-                await _status_only(send, 200 if self.server.ready else 400)
+                await send_status(send, 200 if self.server.ready else 400)
             elif path in ("/v2", "/v2/"):
                 self._require(method, "GET")
-                await _json(send, 200, self.server.metadata())
+                await send_json(send, 200, self.server.metadata())
             else:
-                await _error(send, 404, "Not Found")
+                await send_error(send, 404, "Not Found")
         except KernelError as exc:
-            await _error(send, status_for(exc), exc.message)
+            await send_error(send, status_for(exc), exc.message)
         except _MethodNotAllowed:
-            await _error(send, 405, "Method Not Allowed")
+            await send_error(send, 405, "Method Not Allowed")
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the connection down
             log.exception("unexpected error handling %s %s", method, path)
-            await _error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
+            await send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
 
     @staticmethod
     def _require(method: str, expected: str) -> None:
@@ -95,29 +90,29 @@ class HttpApp:
             tail = tail[2:]
         action = tail[0] if tail else ""
         if len(tail) > 1 or not name:
-            await _error(send, 404, "Not Found")
+            await send_error(send, 404, "Not Found")
             return
         if action == "infer":
             self._require(method, "POST")
             await self._infer(name, version, scope, receive, send)
         elif action == "":
             self._require(method, "GET")
-            await _json(send, 200, self.server.model_metadata(name, version))
+            await send_json(send, 200, self.server.model_metadata(name, version))
         elif action == "ready":
             self._require(method, "GET")
             ready = await self.server.model_ready(name, version)
-            await _status_only(send, 200 if ready else 400)
+            await send_status(send, 200 if ready else 400)
         elif action == "config":
             self._require(method, "GET")
-            await _json(send, 200, self.server.model_config(name, version))
+            await send_json(send, 200, self.server.model_config(name, version))
         elif action == "stats":
             self._require(method, "GET")
-            await _json(send, 200, self.server.statistics(name, version))
+            await send_json(send, 200, self.server.statistics(name, version))
         elif action in ("generate", "generate_stream"):  # generate extension (transports/http/generate.py)
             self._require(method, "POST")
             await generate.handle_generate(self, name, version, action == "generate_stream", scope, receive, send)
         else:
-            await _error(send, 404, "Not Found")
+            await send_error(send, 404, "Not Found")
 
     async def _infer(self, name: str, version: str, scope, receive, send) -> None:
         header_length: Optional[int] = None
@@ -148,11 +143,11 @@ class HttpApp:
         if response is None:
             return  # the client disconnected; the request was cancelled
         if response.error is not None:
-            await _error(send, status_for(response.error), response.error.message)
+            await send_error(send, status_for(response.error), response.error.message)
             return
         body_out, json_length = codec.encode_infer_response(response, binary_default, binary_choice)
         if json_length is None:
-            await _send(send, 200, _JSON, body_out)
+            await send_response(send, 200, _JSON, body_out)
             return
         total = sum(len(b) for b in body_out)
         headers = [
@@ -221,21 +216,3 @@ async def _cancel_on_disconnect(receive, request, future) -> None:
             return
 
 
-async def _send(send, status: int, headers, body: bytes) -> None:
-    # An explicit content-length keeps the server from chunking the body.
-    headers = [*headers, (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _status_only(send, status: int) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
-    await send(_EMPTY_OK)
-
-
-async def _json(send, status: int, doc) -> None:
-    await _send(send, status, _JSON, codec.encode_json(doc))
-
-
-async def _error(send, status: int, message: str) -> None:
-    await _send(send, status, _JSON, codec.error_body(message))

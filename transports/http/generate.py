@@ -24,10 +24,10 @@ import msgspec
 
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import InferRequest, InferResponse, InferTensor
+from transports.asgi import JSON_HEADERS, send_error, send_response
 from transports.http import codec
 
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
-_JSON = [(b"content-type", b"application/json")]
 _PARAMETERS = "parameters"
 _DISCONNECTED = object()
 _json = msgspec.json.Encoder()
@@ -169,30 +169,23 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
     finally:
         responses.close()
     if len(chunks) != 1:
-        await _send_json(
+        await send_error(
             send,
             500,
-            codec.error_body(
-                "generate expects model to produce exactly 1 response, use generate stream for model "
-                f"that generates various number of responses (got {len(chunks)})"
-            ),
+            "generate expects model to produce exactly 1 response, use generate stream for model "
+            f"that generates various number of responses (got {len(chunks)})",
         )
         return
     response = chunks[0]
     if response.error is not None:
-        await _send_json(send, status_for(response.error), codec.error_body(response.error.message))
+        await send_error(send, status_for(response.error), response.error.message)
         return
     try:
         doc = encode_generate_response(response)
     except KernelError as exc:
-        await _send_json(send, status_for(exc), codec.error_body(exc.message))
+        await send_error(send, status_for(exc), exc.message)
         return
-    await _send_json(send, 200, doc)
-
-
-async def _send_json(send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": _JSON})
-    await send({"type": "http.response.body", "body": body})
+    await send_response(send, 200, JSON_HEADERS, doc)
 
 
 def build_generate_request(body: bytes, model, name: str, version: str) -> InferRequest:

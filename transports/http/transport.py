@@ -7,11 +7,11 @@ selectable with --http-server hypercorn for those who want its HTTP/2.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from kernel.server import Server
 from kernel.transport import Transport
+from transports.asgi import UvicornListener
 from transports.http.app import HttpApp
 
 log = logging.getLogger("kernel.http")
@@ -42,26 +42,8 @@ class HttpTransport(Transport):
         return f"{self.address}:{self.port}"
 
     async def _start_uvicorn(self) -> None:
-        import uvicorn
-
-        config = uvicorn.Config(
-            self.app, host=self.address, port=self.port, http="httptools", loop="none",
-            lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=None,
-        )
-
-        class _Server(uvicorn.Server):
-            # The front process owns signal handling; uvicorn must not install its own.
-            @contextlib.contextmanager
-            def capture_signals(self):
-                yield
-
-        self._uvicorn = _Server(config)
-        config.load()
-        self._uvicorn.lifespan = config.lifespan_class(config)
-        await self._uvicorn.startup()
-        if self._uvicorn.should_exit:
-            raise OSError(f"could not listen on {self.address}:{self.port} for HTTP")
-        self._task = asyncio.ensure_future(self._uvicorn.main_loop())
+        self._uvicorn = UvicornListener(self.app, self.address, self.port, "HTTP")
+        await self._uvicorn.start()
 
     async def _start_hypercorn(self) -> None:
         from hypercorn.asyncio import serve
@@ -80,10 +62,7 @@ class HttpTransport(Transport):
 
     async def stop(self) -> None:
         if self._uvicorn is not None:
-            self._uvicorn.should_exit = True
-            if self._task is not None:
-                await self._task
-            await self._uvicorn.shutdown()
+            await self._uvicorn.stop()
         elif self._hypercorn_stop is not None:
             self._hypercorn_stop.set()
             if self._task is not None:

@@ -30,6 +30,7 @@ from typing import Optional
 
 from kernel.errors import ErrorCode, KernelError
 from kernel.server import Server
+from transports.asgi import lifespan
 from transports import cloud
 from transports.http import generate
 from transports.http.app import HttpApp, status_for
@@ -132,7 +133,7 @@ class SageMakerApp:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            await cloud.lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return

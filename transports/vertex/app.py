@@ -25,6 +25,7 @@ from typing import Optional
 
 from kernel.errors import KernelError
 from kernel.server import Server
+from transports.asgi import lifespan
 from transports import cloud
 from transports.http.app import HttpApp, status_for
 
@@ -135,7 +136,7 @@ class VertexApp:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            await cloud.lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return

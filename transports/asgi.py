@@ -1,0 +1,89 @@
+"""ASGI plumbing shared by every transport: lifespan, plain responses, the uvicorn listener.
+
+Each transport is a raw ASGI app served by uvicorn (httptools) inside the
+front process's event loop; this module is the one place that knows how.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import msgspec
+
+
+async def lifespan(receive, send) -> None:
+    """Answer an ASGI lifespan conversation (servers that send one: hypercorn)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def send_response(send, status: int, headers, body: bytes) -> None:
+    # An explicit content-length keeps the server from chunking the body.
+    headers = [*headers, (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class UvicornListener:
+    """One uvicorn server (httptools) for `app`, running in the current event loop."""
+
+    def __init__(self, app, host: str, port: int, what: str):
+        self.app = app
+        self.host = host
+        self.port = port
+        self.what = what  # for the bind error: "HTTP", "metrics", ...
+        self._server = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app, host=self.host, port=self.port, http="httptools", loop="none",
+            lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=None,
+        )
+
+        class _Server(uvicorn.Server):
+            # The front process owns signal handling; uvicorn must not install its own.
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        self._server = _Server(config)
+        config.load()
+        self._server.lifespan = config.lifespan_class(config)
+        await self._server.startup()
+        if self._server.should_exit:
+            raise OSError(f"could not listen on {self.host}:{self.port} for {self.what}")
+        self._task = asyncio.ensure_future(self._server.main_loop())
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+        await self._server.shutdown()
+
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+_json = msgspec.json.Encoder()
+
+
+async def send_json(send, status: int, doc) -> None:
+    await send_response(send, status, JSON_HEADERS, _json.encode(doc))
+
+
+async def send_error(send, status: int, message: str) -> None:
+    """KServe's error body: {"error": "<message>"}."""
+    await send_json(send, status, {"error": message})
+
+
+async def send_status(send, status: int) -> None:
+    await send_response(send, status, [], b"")
