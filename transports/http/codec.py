@@ -193,7 +193,8 @@ def _apply_control_parameter(request: InferRequest, key: str, params: dict) -> N
         request.timeout_us = int(value)
 
 
-def _json_data(tensor: InferTensor) -> list:
+def json_data(tensor: InferTensor) -> list:
+    """A tensor as the flat JSON list KServe v2 uses (BYTES as UTF-8 text)."""
     arr = tensor.as_numpy()
     if tensor.datatype == "BYTES":
         out = []
@@ -223,7 +224,7 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = _json_data(t)
+            entry["data"] = json_data(t)
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:

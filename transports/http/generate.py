@@ -280,19 +280,7 @@ def encode_generate_response(response: InferResponse) -> bytes:
 def _tensor_values(tensor: InferTensor) -> list:
     if tensor.datatype == "BF16":
         raise KernelError(ErrorCode.UNSUPPORTED, f"output '{tensor.name}' is BF16, which generate cannot return")
-    flat = tensor.as_numpy().reshape(-1)
-    if tensor.datatype != "BYTES":
-        return flat.tolist()
-    out = []
-    for item in flat:
-        if isinstance(item, (bytes, bytearray)):
-            try:
-                out.append(item.decode("utf-8"))
-            except UnicodeDecodeError:
-                out.append(item.decode("latin-1"))
-        else:
-            out.append(str(item))
-    return out
+    return codec.json_data(tensor)
 
 
 # ---- KServe v2 inference as an event stream (SageMaker /invocations-response-stream) ----
