@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from kernel import datatypes
 from kernel.backend import BackendInstance, ModelSource

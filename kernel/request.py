@@ -230,10 +230,9 @@ def collect_single_response(request: InferRequest) -> "asyncio.Future[InferRespo
                 response.final = True
                 fut.set_result(response)
             else:
-                err = KernelError(
-                    invalid_arg("").code,
+                err = invalid_arg(
                     "received multiple responses for a request over a protocol that "
-                    "supports exactly one; use the streaming gRPC API for decoupled models",
+                    "supports exactly one; use the streaming gRPC API for decoupled models"
                 )
                 fut.set_result(InferResponse(response.model_name, response.model_version, response.id, error=err))
 

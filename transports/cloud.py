@@ -16,7 +16,6 @@ import msgspec
 
 from kernel.errors import ErrorCode, KernelError
 from kernel.server import Server
-from transports.asgi import JSON_HEADERS, send_error, send_json, send_status  # noqa: F401 - used as cloud.*
 from transports.http.app import HttpApp
 from transports.http.transport import HttpTransport
 

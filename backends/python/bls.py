@@ -16,8 +16,6 @@ import threading
 import weakref
 from typing import Optional
 
-import msgspec
-
 from backends.python import messages, wire
 from kernel import datatypes
 

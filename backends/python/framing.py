@@ -7,7 +7,7 @@ uvloop: one callback per read, no await per message.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Type
+from typing import Callable
 
 import msgspec
 
@@ -60,8 +60,3 @@ class MessageChannel(asyncio.Protocol):
             raise ConnectionError("channel is closed")
         payload = self._encoder.encode(message)
         self.transport.write(len(payload).to_bytes(_HEADER, "little") + payload)
-
-
-def encode_frame(encoder: msgspec.msgpack.Encoder, message) -> bytes:
-    payload = encoder.encode(message)
-    return len(payload).to_bytes(_HEADER, "little") + payload

@@ -22,7 +22,6 @@ import time
 import traceback
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
 from backends.python import messages, wire

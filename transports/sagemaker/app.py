@@ -30,7 +30,7 @@ from typing import Optional
 
 from kernel.errors import ErrorCode, KernelError
 from kernel.server import Server
-from transports.asgi import lifespan
+from transports.asgi import lifespan, send_error, send_json, send_status
 from transports import cloud
 from transports.http import generate
 from transports.http.app import HttpApp, status_for
@@ -150,12 +150,12 @@ class SageMakerApp:
                 m = _MODELS_ROUTE.fullmatch(path)
                 await self._models(m.group(1) or "", bool(m.group(2)), method, scope, receive, send)
             else:
-                await cloud.send_error(send, 400, f"SageMaker endpoint has no route {method} {path}")
+                await send_error(send, 400, f"SageMaker endpoint has no route {method} {path}")
         except KernelError as exc:
-            await cloud.send_error(send, self._error_status(exc.message, status_for(exc)), exc.message)
+            await send_error(send, self._error_status(exc.message, status_for(exc)), exc.message)
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the endpoint down
             log.exception("unexpected error handling SageMaker %s %s", method, path)
-            await cloud.send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
+            await send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
 
     @staticmethod
     def _error_status(message: str, default: int) -> int:
@@ -163,19 +163,19 @@ class SageMakerApp:
 
     async def _ping(self, method: str, send) -> None:
         if method != "GET":
-            await cloud.send_error(send, 405, "Method Not Allowed")
+            await send_error(send, 405, "Method Not Allowed")
             return
         ok = self.server.live if self.settings.ping_mode == "live" else self.server.ready
-        await cloud.send_status(send, 200 if ok else 400)
+        await send_status(send, 200 if ok else 400)
 
     async def _invocations(self, scope, receive, send, stream: bool) -> None:
         if scope["method"] != "POST":
-            await cloud.send_error(send, 405, "Method Not Allowed")
+            await send_error(send, 405, "Method Not Allowed")
             return
         name = self.model_name
         if not name:
             await cloud.drain_body(receive)
-            await cloud.send_error(
+            await send_error(
                 send, 400,
                 "no model to serve /invocations: set SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
                 + (" (multi-model endpoints use /models/<name>/invoke)" if self.settings.multi_model else ""),
@@ -203,7 +203,7 @@ class SageMakerApp:
 
     async def _models(self, name: str, invoke: bool, method: str, scope, receive, send) -> None:
         if not self.settings.multi_model:
-            await cloud.send_error(
+            await send_error(
                 send, 400, "multi-model endpoint routes (/models) are only served when SAGEMAKER_MULTI_MODEL=true"
             )
             return
@@ -211,21 +211,21 @@ class SageMakerApp:
             if name:
                 loaded = self.models.get(name)
                 if loaded is None:
-                    await cloud.send_error(send, 404, f"model '{name}' is not loaded")
+                    await send_error(send, 404, f"model '{name}' is not loaded")
                 else:
-                    await cloud.send_json(send, 200, {"modelName": name, "modelUrl": loaded.url})
+                    await send_json(send, 200, {"modelName": name, "modelUrl": loaded.url})
             else:
                 listing = [
                     {"modelName": n, "modelUrl": m.url}
                     for n, m in sorted(self.models.items())
                     if await self.server.model_ready(m.target)
                 ]
-                await cloud.send_json(send, 200, {"models": listing})
+                await send_json(send, 200, {"models": listing})
         elif method == "POST" and invoke:
             loaded = self.models.get(name)
             if loaded is None:
                 await cloud.drain_body(receive)
-                await cloud.send_error(send, 404, f"model '{name}' is not loaded")
+                await send_error(send, 404, f"model '{name}' is not loaded")
                 return
             log.info("Invoking SageMaker TargetModel: %s", cloud.header(scope, TARGET_MODEL_HEADER) or name)
             await self._infer(loaded.target, scope, receive, send, multi_model=True)
@@ -234,7 +234,7 @@ class SageMakerApp:
         elif method == "DELETE":
             await self._unload(name, scope, send)
         else:
-            await cloud.send_error(send, 405 if method in ("PUT", "PATCH") else 400, f"{method} is not supported on {scope['path']}")
+            await send_error(send, 405 if method in ("PUT", "PATCH") else 400, f"{method} is not supported on {scope['path']}")
 
     async def _load(self, scope, receive, send) -> None:
         doc = await cloud.read_json_body(receive, self.http_app.max_input_size, "load model")
@@ -254,7 +254,7 @@ class SageMakerApp:
         if any((abspath + "/").startswith(p) for p in _FORBIDDEN_PREFIXES):
             raise KernelError(ErrorCode.INVALID_ARG, f"Invalid url '{url}': it cannot start with /dev/, /proc/ or /sys/")
         if name in self.models or name in self._busy or target in self._busy:
-            await cloud.send_error(send, 409, f"model '{name}' is already loaded")
+            await send_error(send, 409, f"model '{name}' is already loaded")
             return
         self._busy.update((name, target))
         try:
@@ -274,19 +274,19 @@ class SageMakerApp:
                 raise
         except KernelError as exc:
             if exc.code is ErrorCode.ALREADY_EXISTS:
-                await cloud.send_error(send, 409, exc.message)
+                await send_error(send, 409, exc.message)
             else:
-                await cloud.send_error(send, self._error_status(exc.message, 400), exc.message)
+                await send_error(send, self._error_status(exc.message, 400), exc.message)
             return
         finally:
             self._busy.difference_update((name, target))
         self.models[name] = _Loaded(url, target, loaded_deps)
-        await cloud.send_status(send, 200)
+        await send_status(send, 200)
 
     async def _unload(self, name: str, scope, send) -> None:
         loaded = self.models.get(name)
         if loaded is None or name in self._busy:
-            await cloud.send_error(send, 404, f"model '{name}' is not loaded")
+            await send_error(send, 404, f"model '{name}' is not loaded")
             return
         log.info("Unloading SageMaker TargetModel: %s", cloud.header(scope, TARGET_MODEL_HEADER) or loaded.target)
         self._busy.add(name)
@@ -295,12 +295,12 @@ class SageMakerApp:
             for dep in loaded.dependencies:
                 await self._quiet_unload(dep)
         except KernelError as exc:
-            await cloud.send_error(send, 400, exc.message)
+            await send_error(send, 400, exc.message)
             return
         finally:
             self._busy.discard(name)
             self.models.pop(name, None)
-        await cloud.send_status(send, 200)
+        await send_status(send, 200)
 
     async def _quiet_unload(self, name: str) -> None:
         try:

@@ -25,7 +25,7 @@ from typing import Optional
 
 from kernel.errors import KernelError
 from kernel.server import Server
-from transports.asgi import lifespan
+from transports.asgi import lifespan, send_error, send_status
 from transports import cloud
 from transports.http.app import HttpApp, status_for
 
@@ -145,22 +145,22 @@ class VertexApp:
         try:
             if path == self.settings.health_route:
                 if method != "GET":
-                    await cloud.send_error(send, 405, "Method Not Allowed")
+                    await send_error(send, 405, "Method Not Allowed")
                 else:
-                    await cloud.send_status(send, 200 if self.server.ready else 400)
+                    await send_status(send, 200 if self.server.ready else 400)
             elif path == self.settings.predict_route:
                 await self._predict(scope, receive, send)
             else:
-                await cloud.send_error(send, 400, f"Vertex AI endpoint has no route {method} {path}")
+                await send_error(send, 400, f"Vertex AI endpoint has no route {method} {path}")
         except KernelError as exc:
-            await cloud.send_error(send, status_for(exc), exc.message)
+            await send_error(send, status_for(exc), exc.message)
         except Exception as exc:  # noqa: BLE001
             log.exception("unexpected error handling Vertex AI %s %s", method, path)
-            await cloud.send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
+            await send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
 
     async def _predict(self, scope, receive, send) -> None:
         if scope["method"] != "POST":
-            await cloud.send_error(send, 405, "Method Not Allowed")
+            await send_error(send, 405, "Method Not Allowed")
             return
         redirect: Optional[str] = cloud.header(scope, REDIRECT_HEADER)
         if redirect is None:
@@ -171,7 +171,7 @@ class VertexApp:
             except RedirectRefused as exc:
                 log.info("Vertex AI redirect refused: %s", exc.message)
                 await cloud.drain_body(receive)
-                await cloud.send_error(send, exc.status, exc.message)
+                await send_error(send, exc.status, exc.message)
                 return
         headers = cloud.with_header_length(scope, BINARY_MIME)
         await cloud.delegate(self.http_app, scope, receive, send, path, method, headers)
