@@ -1,0 +1,1 @@
+"""Types a bound inference callable receives and returns (`pytriton.proxy` -> `kernel.proxy`)."""
