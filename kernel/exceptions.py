@@ -1,0 +1,46 @@
+"""Errors raised by Kernel's PyTriton-compatible API (`pytriton.exceptions` -> `kernel.exceptions`).
+
+Class names and hierarchy are PyTriton's, so `except PyTritonError` style handling in
+existing programs keeps working after the import swap.
+"""
+
+from __future__ import annotations
+
+
+class PyTritonError(Exception):
+    """Base of every error raised by the PyTriton-compatible server-side API."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self._message = message
+
+    def __str__(self) -> str:
+        return self._message
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+
+class PyTritonValidationError(PyTritonError):
+    """A configuration value failed validation."""
+
+
+class PyTritonInvalidOperationError(PyTritonError):
+    """The operation is not allowed in the object's current state."""
+
+
+class PyTritonBadParameterError(PyTritonError):
+    """An argument has a wrong value."""
+
+
+class PyTritonModelConfigError(PyTritonError):
+    """A model configuration is invalid."""
+
+
+class PyTritonUnrecoverableError(PyTritonError):
+    """The inference callable failed so that no further inference is possible."""
+
+
+class PyTritonRuntimeError(PyTritonError):
+    """An error that fits none of the other categories."""
