@@ -1,0 +1,54 @@
+"""Errors raised by the clients (`pytriton.client.exceptions` -> `kernel.client.exceptions`).
+
+Names and hierarchy follow PyTriton 0.7: every error is a PyTritonClientError
+carrying its text in `.message`.
+"""
+
+from __future__ import annotations
+
+
+class PyTritonClientError(Exception):
+    """Base of every client error."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self._message = message
+
+    def __str__(self) -> str:
+        return self._message
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+
+class PyTritonClientValueError(PyTritonClientError):
+    """A call got arguments it cannot use."""
+
+
+class PyTritonClientInvalidUrlError(PyTritonClientValueError):
+    """The server url cannot be parsed or uses an unsupported scheme."""
+
+
+class PyTritonClientTimeoutError(PyTritonClientError):
+    """The server did not answer (or become ready) in time."""
+
+
+class PyTritonClientModelUnavailableError(PyTritonClientError):
+    """The server has no usable model of this name (and version)."""
+
+
+class PyTritonClientClosedError(PyTritonClientError):
+    """The client was used after close()."""
+
+
+class PyTritonClientModelDoesntSupportBatchingError(PyTritonClientError):
+    """infer_batch was called for a model without a batch dimension (max_batch_size 0)."""
+
+
+class PyTritonClientInferenceServerError(PyTritonClientError):
+    """The server or the model reported an error for the request."""
+
+
+class PyTritonClientQueueFullError(PyTritonClientError):
+    """FuturesModelClient's request queue is full."""
