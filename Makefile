@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: serve test bench clean
+.PHONY: serve test bench clean peer-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,3 +24,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Compatibility checks against real peers (real Triton via ../shared/bench/anchors.sh); not part of `make test`.
+peer-check: $(STAMP)
+	bash ../shared/bench/anchors.sh install
+	$(PY) -m pytest -q peer_checks $(PYTEST_ARGS)

@@ -113,3 +113,6 @@ class Backend(abc.ABC):
 
     def complete_config(self, config: Any) -> None:
         """Fill in the config fields the core sets for models of this backend (e.g. runtime)."""
+
+    def update_log_settings(self, settings: Any) -> None:
+        """The server's log settings changed (kernel.server_log.LogSettings): pass them to running instances."""

@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Optional
 
 from kernel import server_log
+from kernel.restrictions import RestrictionError, Restrictions
 from kernel.server import Server, ServerOptions, StartupError
+from kernel.server_log import LogSettings
+from kernel.trace import TraceConfigError, config_from_flags
 
 log = logging.getLogger("kernel.server")
 
@@ -33,6 +36,7 @@ GRPC_OPTIONS = "transports.grpc:GrpcOptions"
 METRICS_TRANSPORT = "transports.metrics:MetricsTransport"
 SAGEMAKER_TRANSPORT = "transports.sagemaker:SageMakerTransport"
 VERTEX_AI_TRANSPORT = "transports.vertex:VertexAiTransport"
+HEADER_FORWARDER = "transports.header_forward:HeaderForwarder"
 
 BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repo_examples"
 # Where `backend: "<name>"` finds <name>/model.py (a Python-based backend) unless
@@ -46,18 +50,16 @@ NO_EFFECT_FLAGS = {
     "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
     "min-supported-compute-capability", "allow-gpu-metrics", "model-load-retry-count",
     "grpc-max-response-pool-size", "reuse-http-port", "reuse-grpc-port", "enable-peer-access",
-    "http-header-forward-pattern", "grpc-header-forward-pattern", "host-policy", "model-load-gpu-limit",
+    "grpc-header-forward-pattern", "host-policy", "model-load-gpu-limit",
     "repoagent-directory", "sagemaker-thread-count", "vertex-ai-thread-count",
 }
 
 # tritonserver flags whose features Kernel does not have yet.
 NOT_YET_FLAGS = {
-    "repository-poll-secs", "load-model", "model-config-name", "model-namespacing", "http-restricted-api",
+    "model-namespacing",
     "grpc-http2-min-recv-ping-interval-without-data",
     "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
-    "grpc-infer-response-compression-level", "grpc-restricted-protocol",
-    "trace-config", "trace-file", "trace-level", "trace-rate",
-    "trace-count", "trace-log-frequency", "cache-config", "cache-directory", "response-cache-byte-size",
+    "grpc-infer-response-compression-level", "cache-config", "cache-directory", "response-cache-byte-size",
     "rate-limit", "rate-limit-resource", "allow-client-shm",
 }
 
@@ -110,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
                    help="largest accepted HTTP request body in bytes (default 64MB)")
+    p.add_argument("--http-header-forward-pattern", default="",
+                   help="request headers whose names match this regular expression become request parameters")
     p.add_argument("--http-server", choices=("uvicorn", "hypercorn"), default="uvicorn",
                    help="Kernel only: the HTTP server library (default uvicorn with httptools)")
     p.add_argument("--allow-grpc", type=parse_bool, default=not vertex_prediction)
@@ -143,12 +147,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-error", type=parse_bool, default=True)
     p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
     p.add_argument("--log-file", default=None)
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="<apis>:<key>=<value>",
+                   help="HTTP APIs (comma-separated) that answer only with header <key>: <value> (repeatable)")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="<apis>:<key>=<value>",
+                   help="gRPC APIs that answer only with metadata triton-grpc-protocol-<key>: <value> (repeatable)")
+    p.add_argument("--trace-config", action="append", default=[], metavar="[<mode>,]<setting>=<value>",
+                   help="rate, level, count, mode; triton,file / triton,log-frequency (repeatable)")
+    p.add_argument("--trace-file", default=None, help="deprecated: --trace-config triton,file=<path>")
+    p.add_argument("--trace-level", action="append", default=[], help="deprecated: --trace-config level=<level>")
+    p.add_argument("--trace-rate", default=None, help="deprecated: --trace-config rate=<rate>")
+    p.add_argument("--trace-count", default=None, help="deprecated: --trace-config count=<count>")
+    p.add_argument("--trace-log-frequency", default=None,
+                   help="deprecated: --trace-config triton,log-frequency=<n>")
     p.add_argument("--exit-timeout-secs", type=int, default=30)
     p.add_argument("--strict-readiness", type=parse_bool, default=True)
     p.add_argument("--exit-on-error", type=parse_bool, default=True)
     p.add_argument("--disable-auto-complete-config", action="store_true")
     p.add_argument("--strict-model-config", type=parse_bool, default=False)
-    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    p.add_argument("--model-control-mode", type=str.lower, choices=("none", "poll", "explicit"), default="none")
+    p.add_argument("--load-model", action="append", default=[], metavar="<model name>",
+                   help="with --model-control-mode=explicit: a model to load at start-up (repeatable; '*': all)")
+    p.add_argument("--repository-poll-secs", type=int, default=15,
+                   help="with --model-control-mode=poll: seconds between looks at the model repositories")
+    p.add_argument("--model-config-name", default=None,
+                   help="use <model>/configs/<name>.pbtxt instead of config.pbtxt where it exists")
     p.add_argument("--backend-config", action="append", default=[])
     p.add_argument("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
                    help="where Python-based backends (<name>/model.py) are found "
@@ -244,6 +266,17 @@ def _parse_metrics_config(values: list[str]) -> dict[str, str]:
     return out
 
 
+def _check_model_control(args) -> str:
+    """tritonserver's checks of the model control flags; the problem, or '' when there is none."""
+    if args.load_model and args.model_control_mode != "explicit":
+        return "Error: Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
+    if args.model_config_name is not None and not args.model_config_name:
+        return "Error: empty argument for --model-config-name"
+    if args.repository_poll_secs < 0:
+        return "Error: --repository-poll-secs must be >= 0"
+    return ""
+
+
 def _load(target: str):
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
@@ -261,6 +294,18 @@ def build_server(args) -> Server:
         if not r.is_dir():
             raise StartupError(f"failed to stat model repository path '{r}': not a directory")
     backend_config = _parse_backend_config(args.backend_config)
+    try:
+        trace_config = config_from_flags(
+            args.trace_config, args.trace_file, args.trace_level, args.trace_rate, args.trace_count,
+            args.trace_log_frequency,
+        )
+        http_restricted = Restrictions.parse_http(args.http_restricted_api)
+    except (TraceConfigError, RestrictionError) as exc:
+        raise StartupError(str(exc)) from None
+    log_settings = LogSettings(
+        file=args.log_file or "", info=args.log_info, warning=args.log_warning, error=args.log_error,
+        verbose=args.log_verbose, format=args.log_format,
+    )
     options = ServerOptions(
         model_repositories=repos,
         server_id=args.id,
@@ -273,19 +318,31 @@ def build_server(args) -> Server:
         log_verbose=args.log_verbose,
         backend_directory=Path(args.backend_directory),
         metrics_config=_parse_metrics_config(args.metrics_config),
+        model_control_mode=args.model_control_mode,
+        startup_models=list(args.load_model),
+        repository_poll_secs=args.repository_poll_secs if args.model_control_mode == "poll" else 0,
+        model_config_name=args.model_config_name or "",
+        trace=trace_config,
+        log=log_settings,
     )
     backends = {}
-    log_settings = {
+    worker_log = {
         "verbose": args.log_verbose, "info": args.log_info, "warning": args.log_warning,
-        "error": args.log_error, "format": args.log_format,
+        "error": args.log_error, "format": args.log_format, "file": args.log_file or "",
     }
     for name, target in BACKENDS.items():
-        backends[name] = _load(target)(backend_config.get(name, {}), log_settings)
+        backends[name] = _load(target)(backend_config.get(name, {}), worker_log)
     server = Server(options, backends)
     if args.allow_http:
         server.transports.append(
-            _load(HTTP_TRANSPORT)(server, args.http_address, args.http_port, args.http_max_input_size, args.http_server)
+            _load(HTTP_TRANSPORT)(server, args.http_address, args.http_port, args.http_max_input_size, args.http_server,
+                                  restricted=http_restricted or None)
         )
+        if args.http_header_forward_pattern:
+            try:
+                server.transports[-1].app.header_forward = _load(HEADER_FORWARDER)(args.http_header_forward_pattern)
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
     if args.allow_grpc:
         try:
             options = _load(GRPC_OPTIONS).from_args(args)
@@ -299,12 +356,13 @@ def build_server(args) -> Server:
         )
     if args.allow_sagemaker:
         server.transports.append(
-            _load(SAGEMAKER_TRANSPORT)(server, "0.0.0.0", args.sagemaker_port, args.http_max_input_size)
+            _load(SAGEMAKER_TRANSPORT)(server, "0.0.0.0", args.sagemaker_port, args.http_max_input_size,
+                                       restricted=http_restricted or None)
         )
     if args.allow_vertex_ai:
         server.transports.append(
             _load(VERTEX_AI_TRANSPORT)(server, "0.0.0.0", args.vertex_ai_port, args.http_max_input_size,
-                                       args.vertex_ai_default_model)
+                                       args.vertex_ai_default_model, restricted=http_restricted or None)
         )
     return server
 
@@ -334,8 +392,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                          args.log_format, args.log_file)
     for flag in args.no_effect:
         log.warning("%s is accepted for compatibility with tritonserver and has no effect in Kernel", flag)
-    if args.model_control_mode != "none":
-        log.error("--model-control-mode=%s is not supported by Kernel yet (only 'none')", args.model_control_mode)
+    problem = _check_model_control(args)
+    if problem:
+        log.error("%s", problem)
         return 1
     try:
         import uvloop

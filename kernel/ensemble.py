@@ -132,13 +132,26 @@ class _Run:
             correlation_id=parent.correlation_id, flags=parent.flags,
         )
         child.on_response = lambda response, step=step: self._on_step_response(step, response)
+        if parent.trace is not None:  # a traced ensemble request traces its steps, as child traces
+            child.trace = parent.trace.child()
+            child.on_response = lambda response, step=step, child=child: self._on_traced_step_response(
+                step, response, child)
         self.in_flight += 1
         self.step_requests.append(child)
         try:
             self.sched.core.submit(child)
         except KernelError as exc:
             self.in_flight -= 1
+            if child.trace is not None:
+                child.trace.release()
             self._fail(exc)
+
+    def _on_traced_step_response(self, step: _Step, response: InferResponse, child: InferRequest) -> None:
+        if response.final and child.trace is not None:
+            trace, child.trace = child.trace, None
+            trace.on_response(response)
+            trace.release()
+        self._on_step_response(step, response)
 
     def _on_step_response(self, step: _Step, response: InferResponse) -> None:
         if response.final:
@@ -209,6 +222,8 @@ class _Run:
             return
         if response.final:
             self.responded = True
+            if self.request.trace is not None:
+                self.request.trace.stamp("REQUEST_END")
         callback = self.request.on_response
         if callback is not None:
             callback(response)

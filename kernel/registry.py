@@ -9,12 +9,24 @@ from kernel.errors import ErrorCode, KernelError
 from kernel.model import Model, ModelState
 
 
+# The reason the repository index gives for a version that was unloaded on request.
+UNLOADED = "unloaded"
+
+
 @dataclass
 class ModelEntry:
     name: str
     versions: dict[int, Model] = field(default_factory=dict)
     state: ModelState = ModelState.LOADING
     reason: str = ""
+    # Versions that are not served, with why (failed to load, or UNLOADED):
+    # the repository index reports them as UNAVAILABLE.
+    unavailable: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def unloaded(self) -> bool:
+        """Unloaded on request: not served, and (as in Triton) no reason for the server to be unready."""
+        return not self.versions and self.state is ModelState.UNAVAILABLE and self.reason == UNLOADED
 
     def latest_ready(self) -> Optional[Model]:
         best = None
@@ -43,7 +55,7 @@ class ModelRegistry:
             m = e.latest_ready()
             if m is None:
                 raise KernelError(
-                    ErrorCode.UNAVAILABLE, f"Request for unknown model: '{name}' has no available versions"
+                    ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' has no available versions"
                 )
             return m
         try:

@@ -143,6 +143,8 @@ class InferRequest:
         "arrival_ns",
         "on_reschedule",
         "sched",
+        "shm",
+        "trace",
     )
 
     def __init__(
@@ -176,6 +178,11 @@ class InferRequest:
         # it with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (iterative sequences).
         self.on_reschedule: Optional[Callable[["InferRequest"], None]] = None
         self.sched: Any = None  # scheduler-private bookkeeping
+        # The client shared-memory windows the request reads or writes
+        # (kernel.shared_memory.RequestWindows); None when it uses none.
+        self.shm: Any = None
+        # kernel.trace.Trace when this request was sampled for tracing (set by the transport).
+        self.trace: Any = None
 
     def input(self, name: str) -> Optional[InferTensor]:
         for t in self.inputs:

@@ -7,28 +7,34 @@ handed to it by name. It imports neither.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from kernel import __version__, config_pbtxt, repository
+from kernel import __version__, config_pbtxt, repository, server_log
 from kernel.backend import Backend, ModelSource
 from kernel.errors import ErrorCode, KernelError
 from kernel.model import Model, ModelState
+from kernel.model_control import ModelControl
 from kernel.registry import ModelRegistry
 from kernel.request import InferRequest
 from kernel.metrics import CustomMetrics, MetricsConfig
 from kernel.scheduler import make_scheduler
+from kernel.shared_memory import SharedMemoryManager, route_through_windows
+from kernel.server_log import LogSettings
+from kernel.trace import TraceConfig, Tracer, TraceUpdate
 from kernel.transport import Transport
 
 log = logging.getLogger("kernel.server")
 
-# KServe v2 extensions this server speaks (reported by GET /v2).
+# KServe v2 extensions this server speaks (reported by GET /v2), in tritonserver's order.
 EXTENSIONS = [
-    "classification", "sequence", "model_configuration", "schedule_policy", "binary_tensor_data",
-    "parameters", "statistics",
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+    "statistics", "trace", "logging",
 ]
 
 
@@ -45,6 +51,14 @@ class ServerOptions:
     log_verbose: int = 0
     backend_directory: Optional[Path] = None  # where backends not built in are looked for
     metrics_config: dict[str, str] = field(default_factory=dict)  # --metrics-config (global group)
+    # Model control (kernel/model_control.py): --model-control-mode, --load-model,
+    # --repository-poll-secs, --model-config-name.
+    model_control_mode: str = "none"
+    startup_models: list[str] = field(default_factory=list)
+    repository_poll_secs: float = 15.0
+    model_config_name: str = ""
+    trace: TraceConfig = field(default_factory=TraceConfig)  # --trace-config
+    log: Optional[LogSettings] = None  # --log-*; None: defaults with log_verbose
 
 
 class StartupError(Exception):
@@ -58,6 +72,8 @@ class Server:
         for backend in backends.values():
             backend.attach(self)
         self.registry = ModelRegistry()
+        # Model control modes, the repository API and poll mode.
+        self.control = ModelControl(self)
         self.transports: list[Transport] = []
         self.live = False
         self._shutting_down = False
@@ -66,6 +82,11 @@ class Server:
         # families that models create, and what --metrics-config turns on.
         self.custom_metrics = CustomMetrics()
         self.metrics_config = MetricsConfig(options.metrics_config)
+        # Logging and trace extensions (GET/POST /v2/logging, /v2/trace/setting).
+        self.log_settings = options.log or LogSettings(verbose=options.log_verbose)
+        self.tracer = Tracer(options.trace)
+        # Client shared-memory regions (system/CUDA shared-memory extensions), used by every transport.
+        self.shared_memory = SharedMemoryManager()
 
     # ---- health and metadata ---------------------------------------------
 
@@ -76,6 +97,8 @@ class Server:
         if not self.options.strict_readiness:
             return True
         for e in self.registry.entries.values():
+            if e.unloaded:
+                continue
             if e.state is ModelState.UNAVAILABLE:
                 return False
             if not any(m.ready for m in e.versions.values()):
@@ -129,8 +152,12 @@ class Server:
             exc.args = (exc.message,)
             raise
         request.arrival_ns = _now_ns()
+        if request.trace is not None:
+            request.trace.on_submit(request, model, request.arrival_ns)
         if model.stats.observer is not None and model.stats.observer.first_response is not None:
             model.stats.observer.watch_first_response(request)
+        if request.shm is not None:
+            route_through_windows(request)
         model.scheduler.enqueue(request)
 
     def in_flight(self) -> int:
@@ -171,31 +198,51 @@ class Server:
                 )
         return {"model_stats": [m.stats.to_json() for m in ready]}
 
+    # ---- logging and trace extensions ---------------------------------------------
+
+    def update_log_settings(self, **changes) -> LogSettings:
+        """Change log settings (LogSettings field names) at run time, here and in every model instance."""
+        if not changes:
+            return self.log_settings
+        settings = self.log_settings = dataclasses.replace(self.log_settings, **changes)
+        server_log.apply(settings)
+        for backend in list(self.backends.values()):
+            backend.update_log_settings(settings)
+        return settings
+
+    def check_trace_model(self, model_name: str) -> None:
+        if model_name:
+            entry = self.registry.entries.get(model_name)
+            if entry is None or entry.latest_ready() is None:
+                raise KernelError(ErrorCode.INVALID_ARG, f"Request for unknown model : {model_name}")
+
+    def trace_settings(self, model_name: str = "") -> dict:
+        """The trace extension's settings for a model ('' = global); raises for unknown models."""
+        self.check_trace_model(model_name)
+        return self.tracer.describe(model_name)
+
+    def update_trace_settings(self, model_name: str, update: TraceUpdate) -> dict:
+        self.check_trace_model(model_name)
+        self.tracer.update(model_name, update)
+        return self.tracer.describe(model_name)
+
     # ---- loading -------------------------------------------------------------
 
     async def load_repository(self) -> None:
-        dirs: list[repository.ModelDir] = []
-        seen: dict[str, Path] = {}
-        for root in self.options.model_repositories:
-            for md in repository.scan_repository(Path(root)):
-                if md.name in seen:
-                    raise StartupError(
-                        f"model '{md.name}' appears in two repositories: {seen[md.name]} and {root}"
-                    )
-                seen[md.name] = Path(root)
-                dirs.append(md)
-        await asyncio.gather(*(self.load_model(md) for md in dirs))
+        """Load what the model control mode loads at start-up (every model, or --load-model ones)."""
+        all_found = await self.control.load_startup_models()
         self._loaded = True
         log.info(self.model_table())
         failed = [e for e in self.registry.entries.values() if e.state is ModelState.UNAVAILABLE]
-        if failed and self.options.exit_on_error:
+        if (failed or not all_found) and self.options.exit_on_error:
             raise StartupError("failed to load all models")
 
-    async def load_model(self, md: repository.ModelDir) -> None:
+    async def load_model(self, md: repository.ModelDir, config=None) -> None:
+        """Load every version of a model that is not loaded; `config` overrides its config file."""
         entry = self.registry.entry(md.name)
         entry.state = ModelState.LOADING
         try:
-            cfg = await self._complete_config(md)
+            cfg = await self._complete_config(md, config)
             versions = repository.select_versions(cfg, sorted(md.versions))
         except KernelError as exc:
             self._load_failed(entry, None, exc.message)
@@ -208,8 +255,8 @@ class Server:
         if entry.state is ModelState.READY:
             log.info("successfully loaded '%s'", md.name)
 
-    async def _complete_config(self, md: repository.ModelDir):
-        cfg = repository.load_model_config(md)
+    async def _complete_config(self, md: repository.ModelDir, config=None):
+        cfg = repository.load_model_config(md) if config is None else _copy_config(config)
         if cfg.name and md.name != md.path.name:
             # Loaded under another name (load_model_from_path): that name wins,
             # as with Triton's repository name mapping.
@@ -275,23 +322,10 @@ class Server:
 
     async def _load_version(self, md: repository.ModelDir, cfg, version: int) -> bool:
         entry = self.registry.entry(md.name)
-        log.info("loading: %s:%d", md.name, version)
-        source = self._source(md, cfg, version)
-        platform = cfg.platform or cfg.backend
-        model = Model(source, config_pbtxt.config_to_dict(cfg), platform)
+        model = self._new_model(md, cfg, version)
         entry.versions[version] = model
-        backend = self.backends.get(cfg.backend)
-        started = time.monotonic()
         try:
-            if model.is_ensemble:
-                from kernel.ensemble import wait_for_steps
-
-                await wait_for_steps(self, model)
-            else:
-                model_file = backend.model_file(md.versions[version], cfg)
-                if model_file is not None and not model_file.is_file():
-                    raise KernelError(ErrorCode.INVALID_ARG, f"unable to find '{model_file}' for model '{md.name}'")
-                model.instances = await backend.load(source)
+            await self._start_model(model, md)
         except KernelError as exc:
             del entry.versions[version]
             self._load_failed(entry, version, exc.message)
@@ -300,17 +334,44 @@ class Server:
             del entry.versions[version]
             self._load_failed(entry, version, f"{type(exc).__name__}: {exc}")
             return False
+        model.state = ModelState.READY
+        entry.unavailable.pop(version, None)
+        return True
+
+    def _new_model(self, md: repository.ModelDir, cfg, version: int) -> Model:
+        """A model version, not started yet (state LOADING)."""
+        log.info("loading: %s:%d", md.name, version)
+        source = self._source(md, cfg, version)
+        return Model(source, config_pbtxt.config_to_dict(cfg), platform=cfg.platform or cfg.backend)
+
+    async def _start_model(self, model: Model, md: repository.ModelDir) -> None:
+        """Start a model version's instances and scheduler; raises when it cannot serve.
+
+        It stays LOADING: the caller makes it READY when it may take requests.
+        """
+        cfg = model.config
+        backend = self.backends.get(cfg.backend)
+        started = time.monotonic()
+        if model.is_ensemble:
+            from kernel.ensemble import wait_for_steps
+
+            await wait_for_steps(self, model)
+        else:
+            model_file = backend.model_file(md.versions[model.version], cfg)
+            if model_file is not None and not model_file.is_file():
+                raise KernelError(ErrorCode.INVALID_ARG, f"unable to find '{model_file}' for model '{md.name}'")
+            model.instances = await backend.load(model.source)
         model.stats.load_duration_s = time.monotonic() - started
         model.stats.observer = self.metrics_config.observer_for(model)
         for inst in model.instances:
             inst.stats = model.stats
         model.scheduler = make_scheduler(self, model)
-        model.state = ModelState.READY
-        return True
 
     def _load_failed(self, entry, version: Optional[int], reason: str) -> None:
         entry.state = ModelState.UNAVAILABLE
         entry.reason = reason
+        if version is not None:
+            entry.unavailable[version] = reason
         where = f"'{entry.name}'" if version is None else f"'{entry.name}' version {version}"
         log.error("failed to load %s: %s", where, reason)
 
@@ -358,7 +419,12 @@ class Server:
         if entry.state is ModelState.UNLOADING:
             raise KernelError(ErrorCode.UNAVAILABLE, f"failed to unload '{name}': model is already unloading")
         entry.state = ModelState.UNLOADING
-        models = list(entry.versions.values())
+        await self.retire_models(list(entry.versions.values()))
+        if self.registry.entries.get(name) is entry:
+            del self.registry.entries[name]
+
+    async def retire_models(self, models: list[Model]) -> None:
+        """Stop serving these versions: refuse new requests, let in-flight ones finish, stop the instances."""
         for m in models:
             m.state = ModelState.UNLOADING  # new requests are refused from here on
         loop = asyncio.get_running_loop()
@@ -369,8 +435,6 @@ class Server:
             if m.scheduler is not None:
                 m.scheduler.close()
         await self._stop_versions(models, max(0.0, deadline - loop.time()))
-        if self.registry.entries.get(name) is entry:
-            del self.registry.entries[name]
         for m in models:
             m.state = ModelState.UNAVAILABLE
             log.info("successfully unloaded '%s' version %d", m.name, m.version)
@@ -396,6 +460,7 @@ class Server:
     async def start(self) -> None:
         self.live = True
         await self.load_repository()
+        self.control.start_polling()
 
     async def start_transports(self) -> None:
         for t in self.transports:
@@ -405,6 +470,7 @@ class Server:
     async def stop(self) -> None:
         """Graceful shutdown: refuse new work, drain in-flight requests, finalize models."""
         self._shutting_down = True
+        await self.control.stop()
         for t in self.transports:
             try:
                 await t.stop()
@@ -430,6 +496,8 @@ class Server:
         for m in models:
             m.state = ModelState.UNAVAILABLE
             log.info("successfully unloaded '%s' version %d", m.name, m.version)
+        self.shared_memory.close()
+        await self.tracer.close()
         self.live = False
 
 
@@ -439,6 +507,12 @@ _now_ns = time.monotonic_ns
 def _has_work(model: Model) -> bool:
     pending = getattr(model.scheduler, "pending_count", None)
     return bool((pending() if pending is not None else 0) or any(i.in_flight for i in model.instances))
+
+
+def _copy_config(config):
+    copy = type(config)()
+    copy.CopyFrom(config)
+    return copy
 
 
 def _scan_model_folder(path: Path) -> repository.ModelDir:

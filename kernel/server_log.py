@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 _LETTERS = {logging.DEBUG: "V", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
 
@@ -41,22 +42,70 @@ class TritonFormatter(logging.Formatter):
         return f'{head} {os.getpid()} {record.filename}:{record.lineno}] "{escaped}"'
 
 
+LOG_FORMATS = ("default", "ISO8601")
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """The server's log settings, as the logging extension (GET/POST /v2/logging) names them."""
+
+    file: str = ""  # "" = stderr
+    info: bool = True
+    warning: bool = True
+    error: bool = True
+    verbose: int = 0  # verbose messages of level <= this are written; 0 = none
+    format: str = "default"  # one of LOG_FORMATS
+
+
+class _LevelGate(logging.Filter):
+    """Each of info, warning, error and verbose is switched on or off by itself, as in Triton."""
+
+    def __init__(self, settings: LogSettings):
+        super().__init__()
+        self.settings = settings
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        s = self.settings
+        level = record.levelno
+        if level < logging.INFO:
+            return s.verbose > 0
+        if level < logging.WARNING:
+            return s.info
+        if level < logging.ERROR:
+            return s.warning
+        return s.error
+
+
+_gate: _LevelGate | None = None
+_handler: logging.Handler | None = None
+
+
 def configure(verbose: int = 0, log_info: bool = True, log_warning: bool = True, log_error: bool = True,
               log_format: str = "default", log_file: str | None = None) -> None:
     """Route the 'kernel' loggers to stderr (or a file) in Triton's format."""
-    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(TritonFormatter(iso8601=(log_format == "ISO8601")))
+    install(LogSettings(log_file or "", log_info, log_warning, log_error, verbose, log_format))
+
+
+def install(settings: LogSettings) -> None:
+    """Give the 'kernel' loggers one handler (stderr, or the log file, appended to) in Triton's format."""
+    global _gate, _handler
+    handler: logging.Handler = (
+        logging.FileHandler(settings.file) if settings.file else logging.StreamHandler(sys.stderr)
+    )
+    _gate = _LevelGate(settings)
+    handler.addFilter(_gate)
+    _handler = handler
     root = logging.getLogger("kernel")
     root.handlers[:] = [handler]
     root.propagate = False
-    if verbose > 0:
-        level = logging.DEBUG
-    elif log_info:
-        level = logging.INFO
-    elif log_warning:
-        level = logging.WARNING
-    elif log_error:
-        level = logging.ERROR
-    else:
-        level = logging.CRITICAL + 1
-    root.setLevel(level)
+    apply(settings)
+
+
+def apply(settings: LogSettings) -> None:
+    """Take new settings at run time (the log file stays the one install() opened)."""
+    if _gate is not None:
+        _gate.settings = settings
+    if _handler is not None:
+        _handler.setFormatter(TritonFormatter(iso8601=(settings.format == "ISO8601")))
+    # Verbose records are not even built unless asked for.
+    logging.getLogger("kernel").setLevel(logging.DEBUG if settings.verbose > 0 else logging.INFO)

@@ -482,50 +482,23 @@ def test_unknown_method_is_unimplemented(server):
         channel.close()
 
 
-@pytest.mark.parametrize(
-    "rpc, request_type, feature",
-    [
-        ("RepositoryIndex", "RepositoryIndexRequest", "model repository control"),
-        ("RepositoryModelLoad", "RepositoryModelLoadRequest", "model repository control"),
-        ("RepositoryModelUnload", "RepositoryModelUnloadRequest", "model repository control"),
-        ("SystemSharedMemoryStatus", "SystemSharedMemoryStatusRequest", "system shared memory"),
-        ("SystemSharedMemoryRegister", "SystemSharedMemoryRegisterRequest", "system shared memory"),
-        ("SystemSharedMemoryUnregister", "SystemSharedMemoryUnregisterRequest", "system shared memory"),
-        ("CudaSharedMemoryStatus", "CudaSharedMemoryStatusRequest", "CUDA shared memory"),
-        ("CudaSharedMemoryRegister", "CudaSharedMemoryRegisterRequest", "CUDA shared memory"),
-        ("CudaSharedMemoryUnregister", "CudaSharedMemoryUnregisterRequest", "CUDA shared memory"),
-        ("TraceSetting", "TraceSettingRequest", "tracing"),
-        ("LogSettings", "LogSettingsRequest", "log settings"),
-    ],
-)
-def test_features_not_there_yet_are_unimplemented(stub, rpc, request_type, feature):
-    with pytest.raises(grpc.RpcError) as info:
-        getattr(stub, rpc)(getattr(tc_pb, request_type)(), timeout=10)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert feature in info.value.details()
+def test_repository_rpcs_follow_the_model_control_mode(client):
+    """(The repository extension itself: tests/test_repository_api.py and tests/test_model_control.py.)"""
+    assert "add_sub" in {m.name for m in client.get_model_repository_index().models}
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("add_sub")  # the default mode, none, loads nothing on request
+    assert _status(info) == "StatusCode.UNAVAILABLE"
 
 
-def test_tritonclient_helpers_for_missing_features_raise_cleanly(client):
-    for call in (
-        lambda: client.get_model_repository_index(),
-        lambda: client.load_model("add_sub"),
-        lambda: client.get_system_shared_memory_status(),
-        lambda: client.get_trace_settings(),
-        lambda: client.get_log_settings(),
-    ):
-        with pytest.raises(InferenceServerException) as info:
-            call()
-        assert _status(info) == "StatusCode.UNIMPLEMENTED"
-
-
-def test_shared_memory_tensors_are_refused(stub):
+def test_shared_memory_tensor_naming_no_region_is_refused(stub):
+    """(Shared-memory tensors themselves: tests/test_system_shared_memory.py.)"""
     request = _raw_request(raws=[np.ones(4, np.float32).tobytes()])
     request.inputs[1].parameters["shared_memory_region"].string_param = "region"
     request.inputs[1].parameters["shared_memory_byte_size"].int64_param = 16
     with pytest.raises(grpc.RpcError) as info:
         stub.ModelInfer(request)
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "shared memory" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.details() == "Unable to find shared memory region: 'region'"
 
 
 # ---------------------------------------------------------------- cancellation

@@ -58,7 +58,12 @@ class UvicornListener:
         self._server = _Server(config)
         config.load()
         self._server.lifespan = config.lifespan_class(config)
-        await self._server.startup()
+        try:
+            await self._server.startup()
+        except SystemExit:
+            # uvicorn exits the process when it cannot bind; the caller decides instead.
+            self._server = None
+            raise OSError(f"could not listen on {self.host}:{self.port} for {self.what}") from None
         if self._server.should_exit:
             raise OSError(f"could not listen on {self.host}:{self.port} for {self.what}")
         self._task = asyncio.ensure_future(self._server.main_loop())

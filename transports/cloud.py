@@ -15,6 +15,7 @@ from urllib.parse import quote
 import msgspec
 
 from kernel.errors import ErrorCode, KernelError
+from kernel.restrictions import Restrictions
 from kernel.server import Server
 from transports.http.app import HttpApp
 from transports.http.transport import HttpTransport
@@ -25,8 +26,10 @@ IHCL = b"inference-header-content-length"
 class CloudHttpTransport(HttpTransport):
     """An HttpTransport whose ASGI app is a cloud front (`make_app(server, http_app)`)."""
 
-    def __init__(self, server: Server, address: str, port: int, max_input_size: int):
-        super().__init__(server, address, port, max_input_size, "uvicorn")
+    def __init__(self, server: Server, address: str, port: int, max_input_size: int,
+                 restricted: Optional[Restrictions] = None):
+        # --http-restricted-api applies behind the cloud fronts too, as in tritonserver.
+        super().__init__(server, address, port, max_input_size, "uvicorn", restricted=restricted)
         self.http_app: HttpApp = self.app
         self.app = self.make_app(server, self.http_app)
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from pathlib import Path
 from typing import Optional
+
+import msgspec
 
 from backends.python.execenv import ExecutionEnvironments
 from backends.python.instance import WorkerInstance, WorkerSettings
@@ -110,6 +113,7 @@ class PythonBackend(Backend):
         specs = self.instance_specs(source)
         command = await self.envs.command_for(source)
         instances = [WorkerInstance(source, name, kind, dev, self.settings, self.core) for name, kind, dev in specs]
+        self._live_instances().update(instances)
         for inst in instances:
             inst.on_unexpected_exit = self._restart
             inst.command = command
@@ -125,6 +129,22 @@ class PythonBackend(Backend):
                 raise err
             raise KernelError(ErrorCode.INTERNAL, f"{type(err).__name__}: {err}")
         return instances
+
+    def _live_instances(self) -> "weakref.WeakSet[WorkerInstance]":
+        live = getattr(self, "_live", None)  # (Python-based backends skip __init__)
+        if live is None:
+            live = self._live = weakref.WeakSet()
+        return live
+
+    def update_log_settings(self, settings) -> None:
+        """kernel.server_log.LogSettings changed: every worker of this backend, now and later, follows."""
+        log_settings = LogSettings(
+            verbose=settings.verbose, info=settings.info, warning=settings.warning, error=settings.error,
+            format=settings.format, file=settings.file,
+        )
+        self.settings = msgspec.structs.replace(self.settings, log=log_settings)
+        for instance in list(self._live_instances()):
+            instance.update_log_settings(log_settings)
 
     def _restart(self, instance: WorkerInstance) -> None:
         """A worker died (crash, os._exit, OOM): bring a fresh one up in its place."""

@@ -79,6 +79,23 @@ class BlsClient:
         self.calls: dict[int, _Call] = {}
         self._keys = itertools.count(1)
         self._lock = threading.Lock()
+        self.model_loading = None  # the worker's model_loading.ModelLoadingClient
+
+    # ---- pb_utils model loading API (served by model_loading.py) ------------------
+
+    def load_model(self, model_name: str, config: str, files) -> None:
+        self._loading().load_model(model_name, config, files)
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        self._loading().unload_model(model_name, unload_dependents)
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        return self._loading().is_model_ready(model_name, model_version)
+
+    def _loading(self):
+        if self.model_loading is None:
+            raise pb_utils.TritonModelException("The model loading API is not available in this process")
+        return self.model_loading
 
     # ---- pb_utils hook contract ----------------------------------------------
 

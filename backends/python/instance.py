@@ -83,6 +83,7 @@ class WorkerInstance(BackendInstance):
         self._has_is_ready = False
         self._ready_checks: dict[int, asyncio.Future] = {}
         self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
+        self._traced: dict[int, list] = {}  # Execute trace_key -> kernel.trace.Trace of its traced requests
         self._async_execute = False
 
     # ---- lifecycle -----------------------------------------------------
@@ -247,7 +248,14 @@ class WorkerInstance(BackendInstance):
                 _respond_error(r, error, self.source)
             return
         batch = []
+        traced = None
         for request in requests:
+            if request.trace is not None:
+                # Held until this execution's compute times are back (see _on_executions).
+                request.trace.hold()
+                if traced is None:
+                    traced = []
+                traced.append(request.trace)
             key = next(self._keys)
             inputs = []
             for t in request.inputs:
@@ -271,7 +279,12 @@ class WorkerInstance(BackendInstance):
             )
             request.add_cancel_callback(functools.partial(self._send_cancel, key))
         self._executing += 1
-        self.channel.send(messages.Execute(batch))
+        if traced is None:
+            self.channel.send(messages.Execute(batch))
+        else:
+            trace_key = next(self._keys)
+            self._traced[trace_key] = traced
+            self.channel.send(messages.Execute(batch, trace_key))
 
     def _send_cancel(self, key: int) -> None:
         if key in self._pending and self.channel is not None and not self.channel.closed:
@@ -291,6 +304,8 @@ class WorkerInstance(BackendInstance):
             self._peer.add(msg.segment, fds[0], msg.size)
         elif type(msg) is messages.BlsRequest:
             self._on_bls_request(msg)
+        elif type(msg) is messages.ModelControl:
+            asyncio.ensure_future(self._on_model_control(msg))
         elif type(msg) is messages.BlsCancel:
             request = self._bls_calls.get(msg.key)
             if request is not None:
@@ -350,7 +365,32 @@ class WorkerInstance(BackendInstance):
         if stats is not None:
             for e in executions:
                 stats.record_execution(e)
+        for e in executions:
+            if e.trace_key:
+                self._end_traces(self._traced.pop(e.trace_key, ()), e)
         self.notify_available()
+
+    @staticmethod
+    def _end_traces(traces, e=None) -> None:
+        """Stamp the compute phases of an execution (if it ran) into its traced requests' traces."""
+        end = time.monotonic_ns()
+        for trace in traces:
+            if e is not None:
+                trace.stamp("COMPUTE_START", e.start)
+                trace.stamp("COMPUTE_INPUT_END", e.input_end)
+                trace.stamp("COMPUTE_OUTPUT_START", e.output_start)
+                trace.stamp("COMPUTE_END", e.end)
+            trace.stamp("REQUEST_END", end)
+            trace.release()
+
+    def update_log_settings(self, log_settings: messages.LogSettings) -> None:
+        """New server log settings: this worker applies them at once, a restarted one from the start."""
+        self.settings = msgspec.structs.replace(self.settings, log=log_settings)
+        if self.channel is not None and not self.channel.closed:
+            try:
+                self.channel.send(messages.SetLog(log_settings))
+            except ConnectionError:
+                pass
 
     def _reschedule(self, request: InferRequest) -> None:
         """The model released the request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
@@ -433,6 +473,29 @@ class WorkerInstance(BackendInstance):
 
             state["timer"] = asyncio.get_running_loop().call_later(msg.timeout_us / 1e6, expire)
 
+    # ---- model loading API: pb_utils.load_model / unload_model / is_model_ready ----
+
+    async def _on_model_control(self, msg: messages.ModelControl) -> None:
+        """Serve a model's call through the core's model control; the answer goes back to the worker."""
+        control = getattr(self.core, "control", None)
+        error, ready = None, False
+        try:
+            if control is None:
+                raise KernelError(ErrorCode.UNSUPPORTED, "model control is not available")
+            if msg.op == messages.MODEL_LOAD:
+                await control.load(msg.model_name, msg.config or None, msg.files or None)
+            elif msg.op == messages.MODEL_UNLOAD:
+                await control.unload(msg.model_name, msg.unload_dependents)
+            else:
+                ready = await control.is_ready(msg.model_name, msg.model_version)
+        except KernelError as exc:
+            error = exc.message
+        except Exception as exc:  # noqa: BLE001 - the model gets the error, the server carries on
+            log.exception("model control call from '%s' failed", self.name)
+            error = f"{type(exc).__name__}: {exc}"
+        if self.channel is not None and not self.channel.closed:
+            self.channel.send(messages.ModelControlResult(msg.key, error, ready))
+
     def _would_deadlock(self, model_name: str, version: str) -> bool:
         try:
             target = self.core.model(model_name, version)
@@ -450,6 +513,9 @@ class WorkerInstance(BackendInstance):
             request.cancel()
         pending, self._pending = self._pending, {}
         self._input_regions.clear()
+        traced, self._traced = self._traced, {}
+        for traces in traced.values():
+            self._end_traces(traces)
         error = KernelError(
             ErrorCode.INTERNAL,
             f"Failed to process the request(s) for model instance '{self.name}', message: {message}",

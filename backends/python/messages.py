@@ -58,6 +58,13 @@ class LogSettings(msgspec.Struct, array_like=True, frozen=True):
     warning: bool = True
     error: bool = True
     format: str = "default"
+    file: str = ""  # the server's log file ("" = stderr): model log lines are appended to it
+
+
+class SetLog(msgspec.Struct, tag="set_log", array_like=True):
+    """The server's log settings changed (logging extension): apply them from now on."""
+
+    log: LogSettings
 
 
 class Initialize(msgspec.Struct, tag="init", array_like=True):
@@ -73,6 +80,7 @@ class CheckReady(msgspec.Struct, tag="check_ready", array_like=True):
 
 class Execute(msgspec.Struct, tag="exec", array_like=True):
     requests: list[Request]
+    trace_key: int = 0  # non-zero: some requests are traced; the Execution record echoes it
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -124,6 +132,7 @@ class Execution(msgspec.Struct, array_like=True):
     ok_request_ns: list[int] = []  # per successful request: arrival -> end
     ok_queue_ns: list[int] = []  # per successful request: arrival -> start
     fail_ns: list[int] = []  # per failed request: arrival -> end
+    trace_key: int = 0  # the Execute message's trace_key
 
 
 class Responses(msgspec.Struct, tag="responses", array_like=True):
@@ -152,6 +161,27 @@ class BlsCancel(msgspec.Struct, tag="bls_cancel", array_like=True):
 
 class BlsResponses(msgspec.Struct, tag="bls_responses", array_like=True):
     responses: list[Response]  # Response.key is the BLS call's key
+
+
+# model control (pb_utils.load_model / unload_model / is_model_ready): worker -> front, reply front -> worker
+
+MODEL_LOAD, MODEL_UNLOAD, MODEL_READY = "load", "unload", "ready"
+
+
+class ModelControl(msgspec.Struct, tag="model_control", array_like=True, omit_defaults=True):
+    key: int  # the worker's handle for this call
+    op: str  # MODEL_LOAD, MODEL_UNLOAD or MODEL_READY
+    model_name: str
+    config: str = ""  # load: JSON config override ("" = none)
+    files: dict[str, bytes] = {}  # load: {"file:<path>": contents}
+    unload_dependents: bool = False  # unload
+    model_version: str = ""  # ready
+
+
+class ModelControlResult(msgspec.Struct, tag="model_control_result", array_like=True, omit_defaults=True):
+    key: int
+    error: Optional[str] = None  # the core's message when the call failed
+    ready: bool = False  # ready: the answer
 
 
 # custom metrics (pb_utils.MetricFamily / Metric): worker -> front, replies front -> worker
@@ -194,5 +224,10 @@ class SegmentAdded(msgspec.Struct, tag="segment", array_like=True):
     size: int
 
 
-ToWorker = Union[Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, BlsResponses, CheckReady, MetricReply]
-ToFront = Union[Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult, MetricOps]
+ToWorker = Union[
+    Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, BlsResponses, CheckReady, MetricReply, SetLog,
+    ModelControlResult,
+]
+ToFront = Union[
+    Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult, MetricOps, ModelControl,
+]

@@ -28,6 +28,7 @@ from backends.python import messages, wire
 from backends.python.arena import Arena, PeerArena
 from backends.python.bls import BlsClient
 from backends.python.metrics_client import MetricsClient
+from backends.python.model_loading import ModelLoadingClient
 from backends.python.model_thread import ModelThread
 from backends.python.framing import MessageChannel
 from kernel import datatypes
@@ -126,6 +127,7 @@ class Worker:
         self._peer_releases: list[tuple[int, int]] = []
         self._flush_scheduled = False
         self.bls = BlsClient(self)
+        self.bls.model_loading = ModelLoadingClient(self)  # pb_utils.load_model & co. go through the BLS hook
         pb_utils._bls_handler = self.bls
         self.metrics = MetricsClient(self)
         pb_utils._metrics_handler = self.metrics
@@ -163,13 +165,15 @@ class Worker:
     def on_message(self, msg) -> None:
         kind = type(msg)
         if kind is messages.Execute:
-            self.execute(msg.requests)
+            self.execute(msg.requests, msg.trace_key)
         elif kind is messages.Cancel:
             sink = self.sinks.get(msg.key)
             if sink is not None:
                 sink.cancelled = True
         elif kind is messages.BlsResponses:
             self.bls.on_responses(msg.responses)
+        elif kind is messages.ModelControlResult:
+            self.bls.model_loading.on_result(msg)
         elif kind is messages.MetricReply:
             self.metrics.on_reply(msg)
         elif kind is messages.Release:
@@ -181,7 +185,11 @@ class Worker:
         elif kind is messages.CheckReady:
             asyncio.ensure_future(self.check_ready(msg.key))
         elif kind is messages.Initialize:
+            # Applied here, not in the task: a SetLog that follows must not be overtaken.
+            apply_log_settings(msg.log)
             asyncio.ensure_future(self.initialize(msg))
+        elif kind is messages.SetLog:
+            apply_log_settings(msg.log)
         elif kind is messages.Shutdown:
             asyncio.ensure_future(self.shutdown())
 
@@ -189,12 +197,6 @@ class Worker:
 
     async def initialize(self, msg: messages.Initialize) -> None:
         args = msg.args
-        settings = msg.log
-        pb_utils._configure_logging(
-            verbose=settings.verbose, info=settings.info, warning=settings.warning, error=settings.error,
-            log_format=settings.format,
-        )
-        server_log.configure(settings.verbose, settings.info, settings.warning, settings.error, settings.format)
         # The model's version folder, also when model.py is a Python-based backend's.
         pb_utils._set_model_dir(str(Path(args["model_repository"]) / args["model_version"]))
         try:
@@ -274,9 +276,10 @@ class Worker:
         arr = wire.numeric_array(buffer, dtype, t.shape, writable=True)
         return pb_utils.Tensor._wrap(t.name, arr, t.datatype)
 
-    def execute(self, wire_requests: list[messages.Request]) -> None:
+    def execute(self, wire_requests: list[messages.Request], trace_key: int = 0) -> None:
         requests = []
         keys = _Batch(time.monotonic_ns())
+        keys.trace_key = trace_key
         for r in wire_requests:
             requested = r.requested_outputs or None
             sink = ResponseSink(self, r.key, requested)
@@ -477,7 +480,7 @@ class Worker:
             else:
                 failed.append(end - arrival)
         self._executions.append(messages.Execution(
-            total, start, exec_start, exec_end, end, inference_count, ok_request, ok_queue, failed))
+            total, start, exec_start, exec_end, end, inference_count, ok_request, ok_queue, failed, batch.trace_key))
         self._schedule_flush()
 
     def _queue(self, response: messages.Response) -> None:
@@ -520,6 +523,7 @@ class _Batch(list):
         self.exec_end = 0
         self.meta: list[tuple[int, int]] = []  # (arrival_ns, batch size) per request handed to execute
         self.failed_early: list[int] = []  # arrival_ns of requests failed before execute
+        self.trace_key = 0  # the Execute message's trace_key (echoed in its Execution record)
         self.requests: list = []
 
     def run(self, execute, requests):
@@ -529,6 +533,36 @@ class _Batch(list):
             return execute(requests)
         finally:
             self.exec_end = time.monotonic_ns()
+
+
+_log_files: dict[str, object] = {}  # log file path -> the open file model log lines are appended to
+_installed_log_file: list = [None]  # the file server_log.install() last routed the worker's own loggers to
+
+
+def apply_log_settings(settings: messages.LogSettings) -> None:
+    """The server's log settings, for pb_utils.Logger and the worker's own messages alike."""
+    sink = False
+    if settings.file:
+        stream = _log_files.get(settings.file)
+        if stream is None:
+            try:
+                stream = _log_files[settings.file] = open(settings.file, "a", buffering=1)
+            except OSError as exc:
+                log.error("cannot open log file '%s': %s", settings.file, exc)
+        if stream is not None:
+            sink = lambda line, stream=stream: stream.write(line + "\n")  # noqa: E731 - one write per line
+    pb_utils._configure_logging(
+        verbose=settings.verbose, info=settings.info, warning=settings.warning, error=settings.error,
+        log_format=settings.format, sink=sink,
+    )
+    core = server_log.LogSettings(
+        settings.file, settings.info, settings.warning, settings.error, settings.verbose, settings.format
+    )
+    if _installed_log_file[0] != settings.file:
+        _installed_log_file[0] = settings.file
+        server_log.install(core)
+    else:
+        server_log.apply(core)
 
 
 def _batch_size(r: messages.Request, max_batch_size: int) -> int:

@@ -28,6 +28,7 @@ from kernel.request import (
     InferTensor,
     RequestedOutput,
 )
+from kernel.shared_memory import RequestWindows, SharedMemoryManager
 from transports.grpc.protos import grpc_service_pb2 as pb
 
 # gRPC status codes (the numbers are part of the gRPC protocol).
@@ -217,29 +218,70 @@ def _contents_tensor(io, model_name: str) -> InferTensor:
     return InferTensor(io.name, datatype, io.shape[:], raw=b"" if raw is None else raw)
 
 
-def _check_tensor_parameters(io, model_name: str, what: str) -> None:
-    for key in io.parameters:
-        if key.startswith("shared_memory_"):
-            raise KernelError(
-                ErrorCode.UNSUPPORTED,
-                f"{what} '{io.name}' for model '{model_name}' uses shared memory, "
-                "which Kernel does not support yet",
-            )
+# ---------------------------------------------------------------- shared memory
+
+
+def _shm_window(io, shm: Optional[SharedMemoryManager], windows: RequestWindows) -> Optional[memoryview]:
+    """The client region window a tensor's shared_memory_* parameters name, or None if they name none."""
+    params = io.parameters
+    region = params.get("shared_memory_region")
+    if region is None:
+        for key in ("shared_memory_offset", "shared_memory_byte_size"):
+            if key in params:
+                raise _bad(
+                    f"'{key}' can not be specified without 'shared_memory_region' parameter for tensor '{io.name}'"
+                )
+        return None
+    _expect(io.name, "shared_memory_region", region, "string_param")
+    offset = 0
+    p = params.get("shared_memory_offset")
+    if p is not None:
+        offset = _expect(io.name, "shared_memory_offset", p, "int64_param")
+    p = params.get("shared_memory_byte_size")
+    if p is None:
+        raise _bad(
+            "'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter "
+            f"for tensor '{io.name}'"
+        )
+    byte_size = _expect(io.name, "shared_memory_byte_size", p, "int64_param")
+    if shm is None:
+        raise KernelError(ErrorCode.UNSUPPORTED, "shared memory is not supported on this endpoint")
+    return windows.hold(shm.view(region.string_param, offset, byte_size))
+
+
+def _expect(tensor: str, key: str, p, kind: str):
+    if p.WhichOneof("parameter_choice") != kind:
+        raise _bad(f"invalid value type for '{key}' parameter for tensor '{tensor}', expected {kind}.")
+    return getattr(p, kind)
 
 
 # ---------------------------------------------------------------- requests
 
 
-def parse_infer_request(msg) -> tuple[InferRequest, bool]:
-    """ModelInferRequest -> (core request, whether an empty final response was asked for)."""
+def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None) -> tuple[InferRequest, bool]:
+    """ModelInferRequest -> (core request, whether an empty final response was asked for).
+
+    `shm` holds the client's registered shared-memory regions; without it,
+    tensors that name one are refused.
+    """
     model_name = msg.model_name
     raw_contents = msg.raw_input_contents
     n_raw = len(raw_contents)
     tensors = []
     index = 0
+    windows = None  # client shared-memory windows, if any tensor uses one
     for io in msg.inputs:
         if io.parameters:
-            _check_tensor_parameters(io, model_name, "input")
+            windows = windows or RequestWindows()
+            window = _shm_window(io, shm, windows)
+            if window is not None:
+                if io.HasField("contents"):
+                    raise _bad(
+                        f"unexpected 'content' provided when using shared memory for input tensor '{io.name}' "
+                        f"for model '{model_name}'"
+                    )
+                tensors.append(InferTensor(io.name, io.datatype, io.shape[:], raw=window))
+                continue
         if io.HasField("contents"):
             if n_raw:
                 raise _bad(
@@ -259,7 +301,12 @@ def parse_infer_request(msg) -> tuple[InferRequest, bool]:
         for o in msg.outputs:
             oparams = None
             if o.parameters:
-                _check_tensor_parameters(o, model_name, "output")
+                windows = windows or RequestWindows()
+                window = _shm_window(o, shm, windows)
+                if window is not None:
+                    if "classification" in o.parameters:
+                        raise _bad("output can't set both 'shared_memory_region' and 'classification'")
+                    windows.outputs[o.name] = window
                 if "classification" in o.parameters:
                     raise KernelError(
                         ErrorCode.UNSUPPORTED,
@@ -268,6 +315,8 @@ def parse_infer_request(msg) -> tuple[InferRequest, bool]:
                 oparams = {k: _param_value(k, v) for k, v in o.parameters.items()}
             outputs.append(RequestedOutput(o.name, oparams))
     request = InferRequest(model_name, msg.model_version, msg.id, tensors, outputs)
+    if windows is not None and windows.held:
+        request.shm = windows
     empty_final = False
     if msg.parameters:
         empty_final = _apply_parameters(request, msg.parameters)

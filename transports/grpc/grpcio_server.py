@@ -14,9 +14,11 @@ import ssl
 from typing import Optional
 
 from kernel.errors import KernelError
+from kernel.restrictions import grpc_message
 from transports.grpc import codec
 from transports.grpc.protos import grpc_service_pb2 as pb
 from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
+from transports.restricted import grpc_category
 
 log = logging.getLogger("kernel.grpc")
 
@@ -73,22 +75,23 @@ class GrpcioServer:
             ]
         self.server = aio.server(options=channel_options)
         handlers = {}
+        guard = self._guard
         for name, (req, resp) in UNARY_RPCS.items():
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                self._unary(getattr(service, name)), request_deserializer=_lenient(req),
+                guard(name, self._unary(getattr(service, name))), request_deserializer=_lenient(req),
                 response_serializer=resp.SerializeToString,
             )
         handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-            self._model_infer, request_deserializer=_lenient(pb.ModelInferRequest),
+            guard("ModelInfer", self._model_infer), request_deserializer=_lenient(pb.ModelInferRequest),
             response_serializer=_serialize,
         )
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self._model_stream_infer, request_deserializer=_lenient(pb.ModelInferRequest),
-            response_serializer=_serialize,
+            guard("ModelStreamInfer", self._model_stream_infer),
+            request_deserializer=_lenient(pb.ModelInferRequest), response_serializer=_serialize,
         )
         health = {
             "Check": grpc.unary_unary_rpc_method_handler(
-                self._unary(service.HealthCheck), request_deserializer=Serialized.FromString,
+                guard("Check", self._unary(service.HealthCheck)), request_deserializer=Serialized.FromString,
                 response_serializer=_serialize,
             )
         }
@@ -97,6 +100,21 @@ class GrpcioServer:
             grpc.method_handlers_generic_handler(HEALTH_SERVICE, health),
         ))
         self._port: Optional[int] = None
+
+    def _guard(self, rpc: str, behavior):
+        """`behavior`, refusing calls without the header when the RPC's group is restricted."""
+        restricted = self.service.restricted
+        if restricted is None or restricted.get(grpc_category(rpc)) is None:
+            return behavior
+        service = self.service
+
+        async def guarded(request, context):
+            denied = service.restriction_denied(rpc, context.invocation_metadata() or ())
+            if denied is not None:
+                await context.abort(self.grpc.StatusCode.UNAVAILABLE, grpc_message(denied))
+            return await behavior(request, context)
+
+        return guarded
 
     async def _abort(self, context, exc: KernelError):
         await context.abort(self.codes.get(codec.status_code(exc), self.grpc.StatusCode.UNKNOWN), exc.message)

@@ -19,9 +19,11 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server as _GrpclibServer
 
 from kernel.errors import KernelError
+from kernel.restrictions import grpc_message
 from transports.grpc import codec
 from transports.grpc.protos import grpc_service_pb2 as pb
 from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
+from transports.restricted import grpc_category
 
 log = logging.getLogger("kernel.grpc")
 
@@ -86,20 +88,38 @@ class GrpclibBinding:
 
     def __mapping__(self) -> dict[str, Handler]:
         mapping = {}
+        guard = self._guard
         for name, (req, resp) in UNARY_RPCS.items():
             mapping[f"/{SERVICE}/{name}"] = Handler(
-                self._unary(getattr(self.service, name)), Cardinality.UNARY_UNARY, req, resp
+                guard(name, self._unary(getattr(self.service, name))), Cardinality.UNARY_UNARY, req, resp
             )
         mapping[f"/{HEALTH_SERVICE}/Check"] = Handler(
-            self._unary(self.service.HealthCheck), Cardinality.UNARY_UNARY, Serialized, Serialized
+            guard("Check", self._unary(self.service.HealthCheck)), Cardinality.UNARY_UNARY, Serialized, Serialized
         )
         mapping[f"/{SERVICE}/ModelInfer"] = Handler(
-            self._model_infer, Cardinality.UNARY_UNARY, pb.ModelInferRequest, pb.ModelInferResponse
+            guard("ModelInfer", self._model_infer), Cardinality.UNARY_UNARY, pb.ModelInferRequest,
+            pb.ModelInferResponse,
         )
         mapping[f"/{SERVICE}/ModelStreamInfer"] = Handler(
-            self._model_stream_infer, Cardinality.STREAM_STREAM, pb.ModelInferRequest, pb.ModelStreamInferResponse
+            guard("ModelStreamInfer", self._model_stream_infer), Cardinality.STREAM_STREAM, pb.ModelInferRequest,
+            pb.ModelStreamInferResponse,
         )
         return mapping
+
+    def _guard(self, rpc: str, handler):
+        """`handler`, refusing calls without the header when the RPC's group is restricted."""
+        restricted = self.service.restricted
+        if restricted is None or restricted.get(grpc_category(rpc)) is None:
+            return handler
+        service = self.service
+
+        async def guarded(stream) -> None:
+            denied = service.restriction_denied(rpc, (stream.metadata or {}).items())
+            if denied is not None:
+                raise GRPCError(Status.UNAVAILABLE, grpc_message(denied))
+            await handler(stream)
+
+        return guarded
 
     @staticmethod
     def _unary(method):

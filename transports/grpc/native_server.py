@@ -41,6 +41,7 @@ import hpack
 from google.protobuf.message import DecodeError
 
 from kernel.errors import KernelError
+from kernel.restrictions import grpc_message
 from transports.grpc import codec
 from transports.grpc.protos import grpc_service_pb2 as pb
 from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized
@@ -202,7 +203,7 @@ class _Stream:
     __slots__ = (
         "id", "kind", "req_type", "method", "parts", "have", "need", "messages", "recv_unacked", "send_window",
         "pending", "trailers", "remote_closed", "closed", "headers_sent", "request", "session", "timer",
-        "encoding", "grpc_error_mode", "flush_scheduled",
+        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns",
     )
 
     def __init__(self, stream_id: int, send_window: int):
@@ -227,6 +228,8 @@ class _Stream:
         self.encoding = b""
         self.grpc_error_mode = False
         self.flush_scheduled = False
+        self.trace = None  # kernel.trace.Trace of a sampled ModelInfer call
+        self.started_ns = 0  # when its headers arrived (only taken while tracing is on)
 
 
 class _ProtocolError(Exception):
@@ -245,6 +248,8 @@ class GrpcConnection(asyncio.Protocol):
         self.server = server
         self.service = server.service
         self.methods = server.methods
+        self.restricted = server.service.restricted  # None when no RPC group is restricted
+        self.tracer = server.service.tracer
         self.loop = server.loop
         self.transport = None
         self.streams: dict[int, _Stream] = {}
@@ -517,6 +522,16 @@ class GrpcConnection(asyncio.Protocol):
         if entry is None:
             self._finish(s, codec.UNIMPLEMENTED, "")
             return
+        if self.restricted is not None:
+            denied = self.service.restriction_denied(
+                path.decode("latin-1"), [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+            )
+            if denied is not None:
+                # tritonserver answers a restricted call with UNAVAILABLE.
+                self._finish(s, codec.UNAVAILABLE, grpc_message(denied))
+                return
+        if self.tracer.active:
+            s.started_ns = time.monotonic_ns()
         s.kind, s.req_type, s.method = entry
         if s.encoding and s.encoding not in (b"identity", b"gzip", b"deflate"):
             self._finish(s, codec.UNIMPLEMENTED, f"grpc-encoding '{s.encoding.decode('latin-1')}' is not supported")
@@ -686,8 +701,13 @@ class GrpcConnection(asyncio.Protocol):
             self._call_unary(s, msg)
 
     def _start_infer(self, s: _Stream, msg) -> None:
+        if self.tracer.active:
+            s.trace = self.tracer.sample(msg.model_name)
+            if s.trace is not None:
+                s.trace.stamp("GRPC_WAITREAD_START", s.started_ns)
+                s.trace.stamp("GRPC_WAITREAD_END")
         try:
-            request = self.service.start_infer(msg, lambda response: self._infer_done(s, response))
+            request = self.service.start_infer(msg, lambda response: self._infer_done(s, response), s.trace)
             if not s.closed and s.trailers is None:  # (unless it was answered on the spot)
                 s.request = request
         except KernelError as exc:
@@ -700,6 +720,9 @@ class GrpcConnection(asyncio.Protocol):
         s.request = None
         if s.closed or s.trailers is not None:
             return
+        if s.trace is not None:
+            s.trace.on_response(response)
+            s.trace.stamp("GRPC_SEND_START")
         error = response.error
         if error is not None:
             self._finish(s, codec.status_code(error), error.message)
@@ -881,6 +904,10 @@ class GrpcConnection(asyncio.Protocol):
     def _close_stream(self, s: _Stream) -> None:
         """The call is over (or abandoned): stop its timer and any work still running."""
         s.closed = True
+        if s.trace is not None:
+            trace, s.trace = s.trace, None
+            trace.stamp("GRPC_SEND_END")
+            trace.release()
         if s.timer is not None:
             s.timer.cancel()
             s.timer = None

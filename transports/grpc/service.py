@@ -22,8 +22,9 @@ from google.protobuf import json_format
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import InferRequest, InferResponse
 from kernel.server import Server
-from transports.grpc import codec
+from transports.grpc import codec, repository, settings
 from transports.grpc.protos import grpc_service_pb2 as pb
+from transports.restricted import grpc_category
 
 log = logging.getLogger("kernel.grpc")
 
@@ -38,6 +39,11 @@ def _unsupported(feature: str) -> KernelError:
     return KernelError(ErrorCode.UNSUPPORTED, f"{feature} is not supported by Kernel yet")
 
 
+def _no_repository_name(msg) -> None:
+    if msg.repository_name:
+        raise KernelError(ErrorCode.UNSUPPORTED, "'repository_name' specification is not supported")
+
+
 class InferenceService:
     """The RPCs of inference.GRPCInferenceService on top of the core server."""
 
@@ -47,6 +53,10 @@ class InferenceService:
         # graceful stop: the transport waits for these before closing).
         self.active_infers = 0
         self.sessions: set[StreamSession] = set()
+        # --grpc-restricted-protocol (kernel.restrictions.Restrictions); None when nothing is restricted.
+        # The bindings check it per call, classifying calls with transports.restricted.grpc_category.
+        self.restricted = None
+        self.tracer = server.tracer
 
     # ---- health --------------------------------------------------------------
 
@@ -103,38 +113,82 @@ class InferenceService:
         # The core renders the statistics extension's JSON, whose field names are the proto's.
         return json_format.ParseDict(statistics(msg.name, msg.version), pb.ModelStatisticsResponse())
 
-    def RepositoryIndex(self, msg):
-        raise _unsupported("model repository control (RepositoryIndex)")
+    # ---- model repository extension (the core's kernel/model_control.py) ----
 
-    def RepositoryModelLoad(self, msg):
-        raise _unsupported("model repository control (RepositoryModelLoad)")
+    async def RepositoryIndex(self, msg) -> pb.RepositoryIndexResponse:
+        _no_repository_name(msg)
+        ModelIndex = pb.RepositoryIndexResponse.ModelIndex
+        rows = await self.server.control.index(msg.ready)
+        return pb.RepositoryIndexResponse(models=[ModelIndex(**row) for row in rows])
 
-    def RepositoryModelUnload(self, msg):
-        raise _unsupported("model repository control (RepositoryModelUnload)")
+    async def RepositoryModelLoad(self, msg) -> pb.RepositoryModelLoadResponse:
+        _no_repository_name(msg)
+        config, files = repository.load_parameters(msg.parameters)
+        await self.server.control.load(msg.model_name, config, files)
+        return pb.RepositoryModelLoadResponse()
 
-    def SystemSharedMemoryStatus(self, msg):
-        raise _unsupported("system shared memory (SystemSharedMemoryStatus)")
+    async def RepositoryModelUnload(self, msg) -> pb.RepositoryModelUnloadResponse:
+        _no_repository_name(msg)
+        await self.server.control.unload(msg.model_name, repository.unload_dependents(msg.parameters))
+        return pb.RepositoryModelUnloadResponse()
 
-    def SystemSharedMemoryRegister(self, msg):
-        raise _unsupported("system shared memory (SystemSharedMemoryRegister)")
+    # ---- shared-memory extensions (regions live in the core: kernel/shared_memory.py) ----
 
-    def SystemSharedMemoryUnregister(self, msg):
-        raise _unsupported("system shared memory (SystemSharedMemoryUnregister)")
+    def SystemSharedMemoryStatus(self, msg) -> pb.SystemSharedMemoryStatusResponse:
+        reply = pb.SystemSharedMemoryStatusResponse()
+        for region in self.server.shared_memory.system_status(msg.name):
+            entry = reply.regions[region["name"]]
+            entry.name = region["name"]
+            entry.key = region["key"]
+            entry.offset = region["offset"]
+            entry.byte_size = region["byte_size"]
+        return reply
 
-    def CudaSharedMemoryStatus(self, msg):
-        raise _unsupported("CUDA shared memory (CudaSharedMemoryStatus)")
+    def SystemSharedMemoryRegister(self, msg) -> pb.SystemSharedMemoryRegisterResponse:
+        self.server.shared_memory.register_system(msg.name, msg.key, msg.offset, msg.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
 
-    def CudaSharedMemoryRegister(self, msg):
-        raise _unsupported("CUDA shared memory (CudaSharedMemoryRegister)")
+    def SystemSharedMemoryUnregister(self, msg) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.server.shared_memory.unregister_system(msg.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
-    def CudaSharedMemoryUnregister(self, msg):
-        raise _unsupported("CUDA shared memory (CudaSharedMemoryUnregister)")
+    def CudaSharedMemoryStatus(self, msg) -> pb.CudaSharedMemoryStatusResponse:
+        reply = pb.CudaSharedMemoryStatusResponse()
+        for region in self.server.shared_memory.cuda_status(msg.name):
+            entry = reply.regions[region["name"]]
+            entry.name = region["name"]
+            entry.device_id = region["device_id"]
+            entry.byte_size = region["byte_size"]
+        return reply
 
-    def TraceSetting(self, msg):
-        raise _unsupported("tracing (TraceSetting)")
+    def CudaSharedMemoryRegister(self, msg) -> pb.CudaSharedMemoryRegisterResponse:
+        self.server.shared_memory.register_cuda(msg.name)
+        return pb.CudaSharedMemoryRegisterResponse()
 
-    def LogSettings(self, msg):
-        raise _unsupported("log settings (LogSettings)")
+    def CudaSharedMemoryUnregister(self, msg) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.server.shared_memory.unregister_cuda(msg.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ---- trace and logging extensions ---------------------------------------------
+
+    def TraceSetting(self, msg) -> pb.TraceSettingResponse:
+        return settings.trace_setting(self.server, msg)
+
+    def LogSettings(self, msg) -> pb.LogSettingsResponse:
+        return settings.log_settings(self.server, msg)
+
+    def restriction_denied(self, rpc: str, metadata) -> Optional[str]:
+        """The header a call to `rpc` lacks when its group is restricted (None: allowed).
+
+        `metadata`: (key, value) pairs of str. Only called when `restricted` is set.
+        """
+        rule = self.restricted.get(grpc_category(rpc))
+        if rule is None:
+            return None
+        for key, value in metadata:
+            if key == rule.header and value == rule.value:
+                return None
+        return rule.header
 
     # ---- inference -------------------------------------------------------------
 
@@ -142,11 +196,12 @@ class InferenceService:
         codec.check_version(version)
         return self.server.model(name, version)
 
-    def start_infer(self, msg, on_done: Callable[[InferResponse], None]) -> InferRequest:
+    def start_infer(self, msg, on_done: Callable[[InferResponse], None], trace=None) -> InferRequest:
         """Validate and submit a ModelInfer request; `on_done` gets its one response.
 
         Raises KernelError when the request is refused. The returned core
-        request is what to cancel if the client goes away first.
+        request is what to cancel if the client goes away first. `trace`: the
+        call's kernel.trace.Trace when it was sampled (the caller releases it).
         """
         model = self._lookup(msg.model_name, msg.model_version)
         if model.decoupled:
@@ -154,8 +209,9 @@ class InferenceService:
                 ErrorCode.UNSUPPORTED,
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             )
-        request, _ = codec.parse_infer_request(msg)
+        request, _ = codec.parse_infer_request(msg, self.server.shared_memory)
         request.on_response = _once(on_done)
+        request.trace = trace
         self.server.submit(request)
         return request
 
@@ -166,15 +222,32 @@ class InferenceService:
             raise response.error
         return Serialized(codec.encode_infer_response(response))
 
-    async def ModelInfer(self, msg) -> "Serialized":
-        """ModelInfer for server libraries that run each call as a coroutine."""
+    def ModelInfer(self, msg) -> Awaitable["Serialized"]:
+        """ModelInfer for server libraries that run each call as a coroutine (await the result)."""
+        if self.tracer.active:  # all that tracing costs while it is off (kernel/trace.py)
+            return self._traced_model_infer(msg)
+        return self._model_infer(msg, None)
+
+    async def _traced_model_infer(self, msg) -> "Serialized":
+        trace = self.tracer.sample(msg.model_name)
+        if trace is None:
+            return await self._model_infer(msg, None)
+        trace.stamp("GRPC_WAITREAD_START")
+        trace.stamp("GRPC_WAITREAD_END")
+        try:
+            return await self._model_infer(msg, trace)
+        finally:
+            trace.stamp("GRPC_SEND_END")
+            trace.release()
+
+    async def _model_infer(self, msg, trace) -> "Serialized":
         future = asyncio.get_running_loop().create_future()
 
         def done(response: InferResponse) -> None:
             if not future.done():  # the call may have been cancelled meanwhile
                 future.set_result(response)
 
-        request = self.start_infer(msg, done)
+        request = self.start_infer(msg, done, trace)
         self.active_infers += 1
         try:
             response = await future
@@ -184,6 +257,9 @@ class InferenceService:
             raise
         finally:
             self.active_infers -= 1
+        if trace is not None:
+            trace.on_response(response)
+            trace.stamp("GRPC_SEND_START")
         return self.infer_reply(response)
 
     def stream_session(self, on_ready: Callable[[], None], grpc_error_mode: bool = False) -> "StreamSession":
@@ -289,6 +365,15 @@ class StreamError(Exception):
         self.message = message
 
 
+def _end_stream_trace(request: InferRequest, response: InferResponse) -> None:
+    """A traced ModelStreamInfer request got its final response: the stream lets go of its trace."""
+    trace, request.trace = request.trace, None
+    trace.on_response(response)
+    trace.stamp("GRPC_SEND_START")
+    trace.stamp("GRPC_SEND_END")
+    trace.release()
+
+
 class StreamSession:
     """One ModelStreamInfer call, driven by whichever server library carries it.
 
@@ -361,14 +446,18 @@ class StreamSession:
             if not decoupled:
                 slot = [None]
                 self.ordered.append(slot)
-            request, empty_final = codec.parse_infer_request(msg)
+            request, empty_final = codec.parse_infer_request(msg, self.server.shared_memory)
             key = self._ids = self._ids + 1
             request.on_response = self._responder(key, request, msg.model_version, decoupled, empty_final, slot)
             self.inflight[key] = request
+            if self.service.tracer.active:
+                request.trace = self.service.tracer.sample(msg.model_name)
             try:
                 self.server.submit(request)
             except BaseException:
                 self.inflight.pop(key, None)
+                if request.trace is not None:
+                    request.trace.release()
                 raise
         except KernelError as exc:
             if slot is None and not decoupled:
@@ -393,6 +482,8 @@ class StreamSession:
             final = response.final
             if final:
                 self.inflight.pop(key, None)
+                if request.trace is not None:
+                    _end_stream_trace(request, response)
             if self.error is not None:
                 return
             error = response.error

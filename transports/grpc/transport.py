@@ -15,6 +15,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Optional
 
+from kernel.restrictions import Restrictions
 from kernel.server import Server
 from kernel.transport import Transport
 from transports.grpc.service import InferenceService
@@ -51,6 +52,8 @@ class GrpcOptions:
     root_cert: str = ""
     # Kernel only: which server carries the service (one of SERVER_LIBRARIES).
     server_library: str = dataclasses.field(default_factory=_default_library)
+    # --grpc-restricted-protocol: RPC groups that need a `triton-grpc-protocol-<key>` header.
+    restricted: Optional[Restrictions] = None
 
     def __post_init__(self) -> None:
         if self.server_library not in SERVER_LIBRARIES:
@@ -89,6 +92,9 @@ class GrpcOptions:
             value = getattr(args, attr, None)
             if value is not None:
                 values[field] = value
+        restricted = getattr(args, "grpc_restricted_protocol", None)
+        if restricted:
+            values["restricted"] = Restrictions.parse_grpc(restricted)  # RestrictionError is a ValueError
         return cls(**values)
 
     def ssl_context(self) -> Optional[ssl.SSLContext]:
@@ -135,6 +141,7 @@ class GrpcTransport(Transport):
         self.port = port
         self.options = options
         self.service = InferenceService(server)
+        self.service.restricted = options.restricted or None
         self._impl = None
 
     async def start(self) -> str:

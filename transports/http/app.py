@@ -14,9 +14,11 @@ from typing import Optional
 
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import collect_single_response
+from kernel.restrictions import Category, Restrictions, http_message
 from kernel.server import Server
 from transports.asgi import lifespan, send_error, send_json, send_response, send_status
-from transports.http import codec, generate
+from transports.http import codec, generate, repository, settings, shared_memory
+from transports.restricted import http_category
 
 log = logging.getLogger("kernel.http")
 
@@ -37,9 +39,15 @@ def status_for(error: KernelError) -> int:
 
 
 class HttpApp:
-    def __init__(self, server: Server, max_input_size: int = 64 * 1024 * 1024):
+    def __init__(self, server: Server, max_input_size: int = 64 * 1024 * 1024,
+                 restricted: Optional[Restrictions] = None):
         self.server = server
         self.max_input_size = max_input_size
+        # --http-restricted-api; None (not an empty set) when nothing is restricted: one check per request.
+        self.restricted = restricted or None
+        self.tracer = server.tracer
+        # --http-header-forward-pattern (transports.header_forward.HeaderForwarder); None when unset.
+        self.header_forward = None
 
     async def __call__(self, scope, receive, send) -> None:
         kind = scope["type"]
@@ -51,6 +59,8 @@ class HttpApp:
     async def _http(self, scope, receive, send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        if self.restricted is not None and await self.refused(http_category(path), scope, send):
+            return
         try:
             if path == "/v2/models/stats":  # statistics extension, every model
                 self._require(method, "GET")
@@ -64,6 +74,14 @@ class HttpApp:
             elif path in ("/v2", "/v2/"):
                 self._require(method, "GET")
                 await send_json(send, 200, self.server.metadata())
+            elif repository.is_repository_path(path):  # model repository extension
+                await repository.handle(self, scope, method, receive, send)
+            elif shared_memory.is_shared_memory_path(path):  # shared-memory extensions
+                await shared_memory.handle(self, path, method, receive, send)
+            elif path == settings.LOGGING_PATH:  # logging extension
+                await settings.handle_logging(self, method, receive, send)
+            elif path == settings.TRACE_PATH:  # trace extension, global setting
+                await settings.handle_trace(self, "", method, receive, send)
             else:
                 await send_error(send, 404, "Not Found")
         except KernelError as exc:
@@ -73,6 +91,21 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the connection down
             log.exception("unexpected error handling %s %s", method, path)
             await send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
+
+    async def refused(self, category: Optional[Category], scope, send) -> bool:
+        """Answer 403 when the API group is restricted and the request lacks the header.
+
+        Only called when `restricted` is set (also by the SageMaker and Vertex AI fronts).
+        """
+        rule = self.restricted.get(category)
+        if rule is None:
+            return False
+        wanted = rule.header.encode("latin-1")
+        for key, value in scope["headers"]:
+            if key.lower() == wanted and value.decode("latin-1") == rule.value:
+                return False
+        await send_error(send, 403, http_message(rule.header))
+        return True
 
     @staticmethod
     def _require(method: str, expected: str) -> None:
@@ -89,12 +122,18 @@ class HttpApp:
             version = tail[1]
             tail = tail[2:]
         action = tail[0] if tail else ""
+        if tail == ["trace", "setting"] and name:  # trace extension, one model's setting
+            await settings.handle_trace(self, name, method, receive, send)
+            return
         if len(tail) > 1 or not name:
             await send_error(send, 404, "Not Found")
             return
         if action == "infer":
             self._require(method, "POST")
-            await self._infer(name, version, scope, receive, send)
+            if self.tracer.active:  # all that tracing costs while it is off (kernel/trace.py)
+                await self._traced_infer(name, version, scope, receive, send)
+            else:
+                await self._infer(name, version, scope, receive, send)
         elif action == "":
             self._require(method, "GET")
             await send_json(send, 200, self.server.model_metadata(name, version))
@@ -114,7 +153,20 @@ class HttpApp:
         else:
             await send_error(send, 404, "Not Found")
 
-    async def _infer(self, name: str, version: str, scope, receive, send) -> None:
+    async def _traced_infer(self, name: str, version: str, scope, receive, send) -> None:
+        """_infer while tracing is on: sample the request, and hand its trace over when done."""
+        trace = self.tracer.sample(name)
+        if trace is None:
+            await self._infer(name, version, scope, receive, send, None)
+            return
+        trace.stamp("HTTP_RECV_START")
+        try:
+            await self._infer(name, version, scope, receive, send, trace)
+        finally:
+            trace.stamp("HTTP_SEND_END")
+            trace.release()
+
+    async def _infer(self, name: str, version: str, scope, receive, send, trace=None) -> None:
         header_length: Optional[int] = None
         encoding = None
         for key, value in scope["headers"]:
@@ -130,9 +182,16 @@ class HttpApp:
         body = await self._read_body(receive)
         if body is None:
             return  # client went away
+        if trace is not None:
+            trace.stamp("HTTP_RECV_END")
         if encoding and encoding != "identity":
             body = self._decompress(body, encoding)
-        request, binary_default, binary_choice = codec.parse_infer_request(body, header_length, name, version)
+        request, binary_default, binary_choice = codec.parse_infer_request(
+            body, header_length, name, version, self.server.shared_memory
+        )
+        if self.header_forward is not None:
+            self.header_forward.apply(request, scope["headers"])
+        request.trace = trace
         future = collect_single_response(request)
         self.server.submit(request)
         watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, request, future))
@@ -142,6 +201,9 @@ class HttpApp:
             watcher.cancel()
         if response is None:
             return  # the client disconnected; the request was cancelled
+        if trace is not None:
+            trace.on_response(response)
+            trace.stamp("HTTP_SEND_START")
         if response.error is not None:
             await send_error(send, status_for(response.error), response.error.message)
             return

@@ -16,6 +16,7 @@ import numpy as np
 from kernel import datatypes
 from kernel.errors import ErrorCode, KernelError
 from kernel.request import InferRequest, InferResponse, InferTensor, RequestedOutput
+from kernel.shared_memory import RequestWindows, SharedMemoryManager
 
 
 class InputJSON(msgspec.Struct):
@@ -121,9 +122,15 @@ def _flatten(data, name: str) -> list:
 
 
 def parse_infer_request(
-    body: bytes, header_length: Optional[int], model_name: str, model_version: str
-) -> tuple[InferRequest, bool, dict[str, bool]]:
-    """Returns (request, binary outputs by default, per-output binary choice)."""
+    body: bytes, header_length: Optional[int], model_name: str, model_version: str,
+    shm: Optional[SharedMemoryManager] = None,
+) -> tuple[InferRequest, bool, dict[str, object]]:
+    """Returns (request, binary outputs by default, per-output choice).
+
+    The per-output choice is True/False for binary or JSON data, or
+    IN_SHARED_MEMORY for an output written into a client region (`shm` holds
+    the registered regions; without it shared-memory parameters are refused).
+    """
     if header_length is None:
         header, binary = body, b""
     else:
@@ -136,10 +143,15 @@ def parse_infer_request(
     req = _decode_header(header)
     tensors = []
     offset = 0
+    windows: Optional[RequestWindows] = None  # client shared-memory windows, if any tensor uses one
     for inp in req.inputs:
         size = None
         if inp.parameters:
             size = inp.parameters.get("binary_data_size")
+            if "shared_memory_region" in inp.parameters:
+                windows = windows or RequestWindows()
+                tensors.append(_shm_input(inp, size, shm, windows))
+                continue
         if size is None:
             tensors.append(_json_tensor(inp))
             continue
@@ -164,19 +176,92 @@ def parse_infer_request(
     params = dict(req.parameters) if req.parameters else {}
     binary_default = bool(params.pop("binary_data_output", False))
     outputs = None
-    binary_choice: dict[str, bool] = {}
+    binary_choice: dict[str, object] = {}
     if req.outputs is not None:
         outputs = []
         for o in req.outputs:
             oparams = o.parameters or {}
-            if "binary_data" in oparams:
+            if "shared_memory_region" in oparams:
+                windows = windows or RequestWindows()
+                windows.outputs[o.name] = _shm_output(o.name, oparams, shm, windows)
+                binary_choice[o.name] = IN_SHARED_MEMORY
+            elif "binary_data" in oparams:
                 binary_choice[o.name] = bool(oparams["binary_data"])
             outputs.append(RequestedOutput(o.name, oparams))
     request = InferRequest(model_name, model_version, req.id or "", tensors, outputs, params)
+    request.shm = windows
     for key in ("sequence_id", "priority", "timeout"):
         if key in params:
             _apply_control_parameter(request, key, params)
     return request, binary_default, binary_choice
+
+
+# ---- shared-memory extension: tensors in client regions (kernel/shared_memory.py)
+
+# The per-output choice for an output that goes into a client region, not the body.
+IN_SHARED_MEMORY = "shared_memory"
+
+
+def _shm_input(
+    inp: InputJSON, binary_size, shm: Optional[SharedMemoryManager], windows: RequestWindows
+) -> InferTensor:
+    if inp.data is not msgspec.UNSET or binary_size is not None:
+        given = " 'data'" if inp.data is not msgspec.UNSET else ""
+        given += " 'binary_data_size'" if binary_size is not None else ""
+        raise _bad(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+            f"'shared_memory_region' in 'parameters'. But set{given} 'shared_memory_region'"
+        )
+    if inp.datatype not in datatypes.DATATYPES:
+        raise _bad(f"invalid datatype '{inp.datatype}' for input '{inp.name}'")
+    region, offset, byte_size = _shm_parameters(inp.name, inp.parameters)
+    window = windows.hold(_regions(shm).view(region, offset, byte_size))
+    return InferTensor(inp.name, inp.datatype, inp.shape, raw=window)
+
+
+def _shm_output(
+    name: str, params: dict, shm: Optional[SharedMemoryManager], windows: RequestWindows
+) -> memoryview:
+    if "classification" in params:
+        raise _bad("Output can't set both 'shared_memory_region' and 'classification'")
+    if params.get("binary_data") is True:
+        raise _bad("Output can't set both 'shared_memory_region' and 'binary_data'")
+    region, offset, byte_size = _shm_parameters(name, params)
+    return windows.hold(_regions(shm).view(region, offset, byte_size))
+
+
+def _shm_parameters(tensor: str, params: dict) -> tuple[str, int, int]:
+    """(region, offset, byte size) from a tensor's parameters, type-checked."""
+    region = params["shared_memory_region"]
+    if not isinstance(region, str):
+        raise _bad("Unable to parse 'shared_memory_region': attempt to access JSON non-string as string")
+    offset = params.get("shared_memory_offset", 0)
+    if not _is_uint(offset):
+        raise _bad(
+            "Unable to parse 'shared_memory_offset': attempt to access JSON non-unsigned-integer as unsigned-integer"
+        )
+    byte_size = params.get("shared_memory_byte_size")
+    if byte_size is None:
+        raise _bad(
+            f"'shared_memory_byte_size' must be specified along with 'shared_memory_region' parameter "
+            f"for tensor '{tensor}'"
+        )
+    if not _is_uint(byte_size):
+        raise _bad(
+            "Unable to parse 'shared_memory_byte_size': attempt to access JSON non-unsigned-integer as "
+            "unsigned-integer"
+        )
+    return region, offset, byte_size
+
+
+def _is_uint(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _regions(shm: Optional[SharedMemoryManager]) -> SharedMemoryManager:
+    if shm is None:
+        raise KernelError(ErrorCode.UNSUPPORTED, "shared memory is not supported on this endpoint")
+    return shm
 
 
 def _apply_control_parameter(request: InferRequest, key: str, params: dict) -> None:
@@ -211,7 +296,7 @@ def json_data(tensor: InferTensor) -> list:
 
 
 def encode_infer_response(
-    response: InferResponse, binary_default: bool, binary_choice: dict[str, bool]
+    response: InferResponse, binary_default: bool, binary_choice: dict[str, object]
 ) -> tuple[bytes | list, Optional[int]]:
     """Returns (body or body parts, JSON header length when binary data follows)."""
     outputs = []
@@ -219,7 +304,9 @@ def encode_infer_response(
     for t in response.outputs:
         use_binary = binary_choice.get(t.name, binary_default)
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-        if use_binary:
+        if use_binary is IN_SHARED_MEMORY:
+            pass  # already written into the client's region: no data in the body
+        elif use_binary:
             raw = t.raw
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Optional
 
+from kernel.restrictions import Restrictions
 from kernel.server import Server
 from kernel.transport import Transport
 from transports.asgi import UvicornListener
@@ -23,10 +25,12 @@ class HttpTransport(Transport):
     service_name = "HTTPService"
 
     def __init__(self, server: Server, address: str = "0.0.0.0", port: int = 8000,
-                 max_input_size: int = 64 * 1024 * 1024, http_server: str = "uvicorn"):
+                 max_input_size: int = 64 * 1024 * 1024, http_server: str = "uvicorn",
+                 restricted: Optional[Restrictions] = None):
+        """restricted: API groups that need a header (--http-restricted-api); None restricts nothing."""
         if http_server not in HTTP_SERVERS:
             raise ValueError(f"unknown HTTP server '{http_server}' (choose from {', '.join(HTTP_SERVERS)})")
-        self.app = HttpApp(server, max_input_size)
+        self.app = HttpApp(server, max_input_size, restricted)
         self.address = address
         self.port = port
         self.http_server = http_server

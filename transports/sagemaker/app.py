@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from kernel.errors import ErrorCode, KernelError
+from kernel.restrictions import Category
 from kernel.server import Server
 from transports.asgi import lifespan, send_error, send_json, send_status
 from transports import cloud
@@ -87,6 +88,16 @@ class _Loaded:
     dependencies: list[str] = field(default_factory=list)
 
 
+def _category(path: str, method: str) -> Optional[Category]:
+    """The restricted-API group of a SageMaker route, as tritonserver groups them."""
+    if path.startswith("/invocations"):
+        return Category.INFERENCE
+    m = _MODELS_ROUTE.fullmatch(path)
+    if m is None:
+        return None
+    return Category.INFERENCE if m.group(2) and method == "POST" else Category.MODEL_REPOSITORY
+
+
 class SageMakerApp:
     def __init__(self, server: Server, http_app: HttpApp, settings: SageMakerSettings):
         self.server = server
@@ -139,6 +150,8 @@ class SageMakerApp:
             return
         path: str = scope["path"]
         method: str = scope["method"]
+        if self.http_app.restricted is not None and await self.http_app.refused(_category(path, method), scope, send):
+            return
         try:
             if path == "/ping":
                 await self._ping(method, send)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from kernel.restrictions import Restrictions
 from kernel.server import Server, StartupError
 from transports.cloud import CloudHttpTransport
 from transports.sagemaker.app import SageMakerApp, SageMakerSettings
@@ -13,10 +14,11 @@ class SageMakerTransport(CloudHttpTransport):
     service_name = "Sagemaker HTTPService"
 
     def __init__(self, server: Server, address: str = "0.0.0.0", port: int = 8080,
-                 max_input_size: int = 64 * 1024 * 1024, settings: Optional[SageMakerSettings] = None):
+                 max_input_size: int = 64 * 1024 * 1024, settings: Optional[SageMakerSettings] = None,
+                 restricted: Optional[Restrictions] = None):
         # Read the environment now, as tritonserver does when it creates the endpoint.
         self.settings = settings if settings is not None else SageMakerSettings.from_env()
-        super().__init__(server, address, port, max_input_size)
+        super().__init__(server, address, port, max_input_size, restricted)
 
     def make_app(self, server: Server, http_app):
         return SageMakerApp(server, http_app, self.settings)

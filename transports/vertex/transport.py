@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from kernel.restrictions import Restrictions
 from kernel.server import Server, StartupError
 from transports.cloud import CloudHttpTransport
 from transports.vertex.app import VertexApp, VertexSettings
@@ -14,9 +15,9 @@ class VertexAiTransport(CloudHttpTransport):
 
     def __init__(self, server: Server, address: str = "0.0.0.0", port: int = 8080,
                  max_input_size: int = 64 * 1024 * 1024, default_model: str = "",
-                 settings: Optional[VertexSettings] = None):
+                 settings: Optional[VertexSettings] = None, restricted: Optional[Restrictions] = None):
         self.settings = settings if settings is not None else VertexSettings.from_env(default_model)
-        super().__init__(server, address, port, max_input_size)
+        super().__init__(server, address, port, max_input_size, restricted)
 
     def make_app(self, server: Server, http_app):
         return VertexApp(server, http_app, self.settings)

@@ -1,0 +1,653 @@
+"""Request tracing: the trace extension's settings and Triton's JSON trace files.
+
+Settings work as in tritonserver: one global setting (its start-up values come
+from --trace-config), optional per-model settings whose unspecified fields
+follow the global one, every `rate`-th request of a model sampled while the
+remaining `count` lasts (-1: no limit). A sampled request carries a `Trace`
+that collects named timestamps (HTTP_RECV_START, REQUEST_START, QUEUE_START,
+COMPUTE_START, ...) and, at TENSORS level, its input and output tensors; when
+everyone holding it is done (the transport after sending the response, the
+backend after reporting the compute times) it is written out.
+
+Output follows Triton's layout: a JSON array of records
+`{"id", "model_name", "model_version"[, "request_id"][, "parent_id"]}`,
+`{"id", "timestamps": [{"name", "ns"}]}` and `{"id", "activity", "tensor"}`.
+With log_frequency N every N traces go to `<trace_file>.<index>`; with 0 they
+go to `<trace_file>` itself when the setting is replaced or the server stops.
+Files are written by one background thread, never on the event loop.
+
+Nothing here runs for an untraced request: transports look at `Tracer.active`
+once per request and the core at `request.trace`.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import msgspec
+import numpy as np
+
+from kernel.errors import ErrorCode, KernelError
+
+log = logging.getLogger("kernel.trace")
+
+MIN_COUNT = -1
+UINT32_MAX = 2**32 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+TRACE_MODES = ("triton",)  # "opentelemetry" is refused at start-up
+
+
+class TraceLevel(enum.IntFlag):
+    OFF = 0
+    TIMESTAMPS = 4
+    TENSORS = 8
+
+
+def level_names(level: TraceLevel) -> list[str]:
+    if not level:
+        return ["OFF"]
+    return [name for name, flag in (("TIMESTAMPS", TraceLevel.TIMESTAMPS), ("TENSORS", TraceLevel.TENSORS))
+            if level & flag]
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """Start-up trace settings (--trace-config, or the old --trace-* flags)."""
+
+    level: TraceLevel = TraceLevel.OFF
+    rate: int = 1000
+    count: int = -1
+    log_frequency: int = 0
+    file: str = ""
+    mode: str = "triton"
+
+
+class _Clear:
+    """Marks a setting to clear: it follows the global setting (or the start-up value) again."""
+
+    def __repr__(self) -> str:
+        return "CLEAR"
+
+
+CLEAR: Any = _Clear()
+
+
+@dataclass
+class TraceUpdate:
+    """A trace-setting request: each field is None (leave it), CLEAR, or the new value."""
+
+    level: Any = None
+    rate: Any = None
+    count: Any = None
+    log_frequency: Any = None
+
+
+_FIELDS = ("level", "rate", "count", "log_frequency")
+
+
+# ---------------------------------------------------------------- start-up settings (command line)
+
+
+class TraceConfigError(ValueError):
+    """A --trace-config (or --trace-*) value tritonserver would refuse."""
+
+
+def _cli_level(value: str) -> TraceLevel:
+    v = value.lower()
+    if v in ("false", "off"):
+        return TraceLevel.OFF
+    if v in ("true", "on", "min", "max", "timestamps"):
+        return TraceLevel.TIMESTAMPS
+    if v == "tensors":
+        return TraceLevel.TENSORS
+    raise TraceConfigError(f"invalid value for trace level option: {value}")
+
+
+def _cli_int(value: str, low: int, what: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise TraceConfigError(f"Invalid option value. Got {value}") from None
+    if number < low:
+        raise TraceConfigError(f"{what} must be >= {low}, got {value}")
+    return number
+
+
+def config_from_flags(trace_config: list[str], file: Optional[str] = None, levels: Optional[list[str]] = None,
+                      rate: Optional[str] = None, count: Optional[str] = None,
+                      log_frequency: Optional[str] = None) -> TraceConfig:
+    """tritonserver's trace flags: `--trace-config [<mode>,]<setting>=<value>` (repeatable) and the
+    deprecated --trace-file/--trace-level/--trace-rate/--trace-count/--trace-log-frequency, which
+    --trace-config overrides. A level of OFF anywhere disables tracing."""
+    groups: dict[str, list[tuple[str, str]]] = {}  # mode ("" = global) -> (setting, value), in order
+    for item in trace_config:
+        comma = item.find(",")
+        equals = item.find("=", comma + 1)
+        if comma == 0:
+            raise TraceConfigError(
+                "No trace mode specified. --trace-config option format is <trace mode>,<setting>=<value> "
+                f"or <setting>=<value>. Got {item}"
+            )
+        mode = ""
+        if comma > 0:
+            mode = item[:comma].lower()
+            if mode not in ("triton", "opentelemetry"):
+                raise TraceConfigError(
+                    f'invalid value for trace mode option: {item[:comma]}. Available options are "triton" and '
+                    '"opentelemetry"'
+                )
+        setting, value = item[comma + 1:equals], item[equals + 1:]
+        if equals < 0 or not setting or not value:
+            raise TraceConfigError(
+                f"--trace-config option format is '<trace mode>,<setting>=<value>'. Got {item}"
+            )
+        groups.setdefault(mode, []).append((setting, value))
+    level = TraceLevel.OFF
+    disabled = False
+    for name in levels or ():
+        parsed = _cli_level(name)
+        disabled |= not parsed
+        level |= parsed
+    values = {"rate": rate, "count": count, "file": file, "log-frequency": log_frequency}
+    general = groups.get("", [])
+    mode = "triton"
+    for setting, value in general:
+        try:
+            if setting == "level":
+                parsed = _cli_level(value)
+                disabled |= not parsed
+                level |= parsed
+            elif setting in ("rate", "count"):
+                values[setting] = value
+            elif setting == "mode":
+                mode = value.lower()
+                if mode not in ("triton", "opentelemetry"):
+                    raise TraceConfigError(
+                        f'invalid value for trace mode option: {value}. '
+                        'Available options are "triton" and "opentelemetry"'
+                    )
+        except TraceConfigError as exc:
+            raise TraceConfigError(f'Bad option: "--trace-config {setting}". {exc}') from None
+    if mode != "triton":
+        raise TraceConfigError(f"trace mode '{mode}' is not supported by Kernel yet (only 'triton')")
+    for setting, value in groups.get("triton", []):
+        if setting in ("file", "log-frequency"):
+            values[setting] = value
+    return TraceConfig(
+        level=TraceLevel.OFF if disabled else level,
+        rate=_cli_int(values["rate"], 0, "trace rate") if values["rate"] is not None else 1000,
+        count=_cli_int(values["count"], MIN_COUNT, "trace count") if values["count"] is not None else -1,
+        log_frequency=(_cli_int(values["log-frequency"], 0, "trace log frequency")
+                       if values["log-frequency"] is not None else 0),
+        file=values["file"] or "",
+    )
+
+
+# ---------------------------------------------------------------- parsing request values
+
+
+def _invalid(message: str) -> KernelError:
+    return KernelError(ErrorCode.INVALID_ARG, message)
+
+
+class _NotANumber(ValueError):
+    pass
+
+
+class _OutOfRange(ValueError):
+    pass
+
+
+def stoi(text: str) -> int:
+    """C++ std::stoi: leading blanks, a sign, digits; what follows the digits is ignored."""
+    i, n = 0, len(text)
+    while i < n and text[i] in " \t\n\v\f\r":
+        i += 1
+    start = i
+    if i < n and text[i] in "+-":
+        i += 1
+    digits = i
+    while i < n and "0" <= text[i] <= "9":
+        i += 1
+    if i == digits:
+        raise _NotANumber(text)
+    value = int(text[start:i])
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise _OutOfRange(text)
+    return value
+
+
+def parse_unsigned(name: str, text: str) -> int:
+    """trace_rate / log_frequency: parsed as tritonserver does (a negative value wraps to uint32)."""
+    try:
+        return stoi(text) & UINT32_MAX
+    except _NotANumber:
+        raise _invalid(f"Unable to parse '{name}', got: {text}") from None
+    except _OutOfRange:
+        raise _invalid(
+            f"Unable to parse '{name}', value is out of range [ 0, {UINT32_MAX} ], got: {text}"
+        ) from None
+
+
+def parse_count(text: str, grpc: bool = False) -> int:
+    try:
+        count = stoi(text)
+    except _NotANumber:
+        raise _invalid(f"Unable to parse 'trace_count', got: {text}") from None
+    except _OutOfRange:
+        raise _invalid(
+            f"Unable to parse 'trace_count', value is out of range [ {MIN_COUNT}, {INT32_MAX} ], got: {text}"
+        ) from None
+    if count < MIN_COUNT:
+        space = " " if grpc else ""  # the two endpoints word it differently
+        raise _invalid(f"Unable to parse 'trace_count'. Expecting value >= {MIN_COUNT}, got:{space}{text}")
+    return count
+
+
+def parse_levels(names: list[str]) -> Optional[TraceLevel]:
+    """A trace_level list; None when it names no known level (the setting is left alone)."""
+    level: Optional[TraceLevel] = None
+    for name in names:
+        if name == "OFF":
+            if len(names) != 1:
+                raise _invalid("Expect only one trace level 'OFF' is specified")
+            level = TraceLevel.OFF
+        elif name == "TIMESTAMPS":
+            level = (level or TraceLevel.OFF) | TraceLevel.TIMESTAMPS
+        elif name == "TENSORS":
+            level = (level or TraceLevel.OFF) | TraceLevel.TENSORS
+    return level
+
+
+# ---------------------------------------------------------------- the file writer thread
+
+
+class _Writer:
+    """Writes trace output on a background thread, in the order it was handed over."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+
+    def put(self, job) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kernel-trace-writer", daemon=True)
+            self._thread.start()
+        self._queue.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                job()
+            except OSError as exc:
+                log.error("failed creating trace file: %s", exc)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+class TraceFile:
+    """One trace_file path: its indexed files and the file itself (an array closed at shutdown)."""
+
+    def __init__(self, path: str, writer: _Writer):
+        self.path = path
+        self.writer = writer
+        self.index = 0
+        self._stream = None  # the open trace_file, once something went into it
+
+    def save(self, records: str, indexed: bool) -> None:
+        if indexed:
+            name = f"{self.path}.{self.index}"
+            self.index += 1
+            self.writer.put(lambda: _write_whole(name, "[" + records + "]"))
+        else:
+            self.writer.put(lambda: self._append(records))
+
+    def _append(self, records: str) -> None:
+        if self._stream is None:
+            self._stream = open(self.path, "w")
+            self._stream.write("[")
+        else:
+            self._stream.write(",")
+        self._stream.write(records)
+        self._stream.flush()
+
+    def close(self) -> None:
+        def finish() -> None:
+            if self._stream is not None:
+                self._stream.write("]")
+                self._stream.close()
+                self._stream = None
+
+        self.writer.put(finish)
+
+
+def _write_whole(name: str, text: str) -> None:
+    # Readers never see half a file: write aside, then rename into place.
+    tmp = f"{name}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, name)
+
+
+# ---------------------------------------------------------------- settings
+
+
+class TraceSetting:
+    """One effective setting (global or a model's), with its sampling counters and unwritten traces."""
+
+    def __init__(self, level: TraceLevel, rate: int, count: int, log_frequency: int, file: TraceFile,
+                 specified: frozenset = frozenset()):
+        self.level = level
+        self.rate = rate
+        self.count = count  # remaining traces to take; -1: no limit
+        self.log_frequency = log_frequency
+        self.file = file
+        self.specified = specified  # fields set for this setting itself (not inherited)
+        self.sampled = 0
+        self.created = 0
+        self.collected = 0
+        self._buffer: list[str] = []
+        self.retired = False
+        if not level:
+            self.reason = "tracing is disabled"
+        elif rate == 0:
+            self.reason = "sample rate must be non-zero"
+        elif not file.path:
+            self.reason = "trace file name is not given"
+        else:
+            self.reason = ""
+
+    @property
+    def valid(self) -> bool:
+        return not self.reason and self.count != 0
+
+    def sample(self) -> bool:
+        if self.rate == 0 or not self.valid:
+            return False
+        self.sampled += 1
+        if self.sampled % self.rate:
+            return False
+        if self.count > 0:
+            self.count -= 1
+        self.created += 1
+        return True
+
+    def collect(self, records: str) -> None:
+        """A finished trace: buffer it, and write the buffer when log_frequency or the count says so."""
+        if self.retired:  # finished after its setting was replaced: write it on its own
+            self.file.save(records, indexed=self.log_frequency != 0)
+            return
+        self._buffer.append(records)
+        self.collected += 1
+        if (self.count == 0 and self.collected == self.created) or (
+            self.log_frequency and len(self._buffer) >= self.log_frequency
+        ):
+            self._flush(indexed=True)
+
+    def _flush(self, indexed: bool) -> None:
+        if self._buffer:
+            text, self._buffer = ",".join(self._buffer), []
+            self.file.save(text, indexed)
+
+    def retire(self) -> None:
+        """Replaced by a newer setting (or the server stops): write what is left."""
+        if not self.retired:
+            self.retired = True
+            self._flush(indexed=self.log_frequency != 0)
+
+    def describe(self, mode: str) -> dict:
+        """The trace extension's `$trace_setting_response`, in tritonserver's field order."""
+        return {
+            "trace_level": level_names(self.level),
+            "trace_rate": str(self.rate),
+            "trace_count": str(self.count),
+            "log_frequency": str(self.log_frequency),
+            "trace_file": self.file.path,
+            "trace_mode": mode,
+        }
+
+
+class Tracer:
+    """The trace settings of a server (global and per model) and the traces they sample."""
+
+    def __init__(self, config: TraceConfig = TraceConfig()):
+        self.mode = config.mode
+        self._writer = _Writer()
+        self._files: dict[str, TraceFile] = {}
+        file = self._file(config.file)
+        self._default = TraceSetting(config.level, config.rate, config.count, config.log_frequency, file)
+        self._global = TraceSetting(config.level, config.rate, config.count, config.log_frequency, file)
+        self._models: dict[str, TraceSetting] = {}
+        self._following: set[str] = set()  # models whose setting inherits some global fields
+        #: Whether any setting may sample: transports look at this before anything else.
+        self.active = False
+        self._refresh()
+
+    def _file(self, path: str) -> TraceFile:
+        f = self._files.get(path)
+        if f is None:
+            f = self._files[path] = TraceFile(path, self._writer)
+        return f
+
+    def _refresh(self) -> None:
+        self.active = self._global.valid or any(s.valid for s in self._models.values())
+
+    # ---- sampling --------------------------------------------------------------
+
+    def sample(self, model_name: str) -> Optional["Trace"]:
+        """A new trace for a request to `model_name` when its setting picks this one, else None."""
+        setting = self._models.get(model_name, self._global)
+        if setting.sample():
+            return Trace(next(_ids), setting)
+        return None
+
+    # ---- the trace extension -------------------------------------------------------
+
+    def describe(self, model_name: str = "") -> dict:
+        return self._models.get(model_name, self._global).describe(self.mode)
+
+    def update(self, model_name: str, update: TraceUpdate) -> None:
+        """Apply a trace-setting request (global when model_name is ''); raises KernelError."""
+        self._update_one(model_name, update)
+        if not model_name:
+            # Models that inherit some fields from the global setting pick up the change.
+            for name in list(self._following):
+                self._update_one(name, TraceUpdate())
+        self._refresh()
+
+    def _update_one(self, model_name: str, update: TraceUpdate) -> None:
+        if model_name:
+            current = self._models.get(model_name)
+            fallback = self._global
+        else:
+            current = self._global
+            fallback = self._default
+        values = {f: getattr(fallback, f) for f in _FIELDS}
+        specified = set()
+        for f in _FIELDS:
+            new = getattr(update, f)
+            if new is CLEAR:
+                continue
+            if new is not None:
+                values[f] = new
+                specified.add(f)
+            elif current is not None and f in current.specified:
+                values[f] = getattr(current, f)
+                specified.add(f)
+        if model_name:
+            if not specified:
+                old = self._models.pop(model_name, None)
+                self._following.discard(model_name)
+                if old is not None:
+                    old.retire()
+                return
+            # The trace file is never set per model, so a model setting always inherits something.
+            self._following.add(model_name)
+        setting = TraceSetting(values["level"], values["rate"], values["count"], values["log_frequency"],
+                               fallback.file, frozenset(specified))
+        if not setting.valid and setting.level:
+            raise _invalid(f"Attempting to set invalid trace setting :{setting.reason}")
+        if model_name:
+            self._models[model_name] = setting
+        else:
+            self._global = setting
+        if current is not None:
+            current.retire()
+
+    async def close(self) -> None:
+        """Write every unwritten trace and close the trace files (server shutdown)."""
+        import asyncio
+
+        for s in (self._global, *self._models.values()):
+            s.retire()
+        for f in self._files.values():
+            f.close()
+        await asyncio.to_thread(self._writer.join)
+
+
+# ---------------------------------------------------------------- one traced request
+
+_now = time.monotonic_ns
+_ids = itertools.count(1)  # trace ids, unique in the process as tritonserver's are
+_encode = msgspec.json.Encoder().encode
+
+
+class Trace:
+    """What is recorded for one sampled request; written when its last holder releases it.
+
+    The transport that sampled it holds it from the start; a backend instance
+    takes a hold while the request executes (see hold/release).
+    """
+
+    __slots__ = ("id", "parent_id", "setting", "model_name", "model_version", "request_id", "stamps",
+                 "tensors", "holds", "root", "children")
+
+    def __init__(self, trace_id: int, setting: TraceSetting, parent: Optional["Trace"] = None):
+        self.id = trace_id
+        self.setting = setting
+        self.parent_id = parent.id if parent is not None else 0
+        self.root = parent.root if parent is not None else self
+        self.model_name = ""
+        self.model_version = 0
+        self.request_id = ""
+        self.stamps: list[tuple[str, int]] = []
+        self.tensors: list[str] = []
+        self.children: list[str] = []  # finished child traces' records (ensemble steps), root only
+        self.holds = 1
+
+    def stamp(self, name: str, ns: int = 0) -> None:
+        self.stamps.append((name, ns or _now()))
+
+    def hold(self) -> None:
+        self.holds += 1
+
+    def release(self) -> None:
+        self.holds -= 1
+        if self.holds > 0:
+            return
+        records = self.records()
+        root = self.root
+        if root is self:
+            if self.children:
+                records = ",".join([r for r in (records, *self.children) if r])
+            if records:
+                self.setting.collect(records)
+        else:
+            if records:
+                root.children.append(records)
+            root.release()
+
+    def child(self) -> "Trace":
+        """A trace for a request this one spawns (an ensemble step), written together with its root."""
+        self.root.hold()
+        return Trace(next(_ids), self.setting, self)
+
+    # ---- what the core records -----------------------------------------------------
+
+    def on_submit(self, request, model, arrival_ns: int) -> None:
+        """The core accepted the request for `model`."""
+        self.model_name = model.name
+        self.model_version = model.version
+        self.request_id = request.id
+        self.stamps.append(("REQUEST_START", arrival_ns))
+        self.stamps.append(("QUEUE_START", _now()))
+        if self.setting.level & TraceLevel.TENSORS:
+            for t in request.inputs:
+                self.add_tensor("TENSOR_QUEUE_INPUT", t)
+
+    def on_response(self, response) -> None:
+        """The final response reached the transport."""
+        self.stamps.append(("INFER_RESPONSE_COMPLETE", _now()))
+        if self.setting.level & TraceLevel.TENSORS and response.error is None:
+            for t in response.outputs:
+                self.add_tensor("TENSOR_BACKEND_OUTPUT", t)
+
+    def add_tensor(self, activity: str, tensor) -> None:
+        try:
+            data = _tensor_data(tensor)
+        except Exception:  # noqa: BLE001 - a tensor that cannot be shown must not fail the request
+            data = ""
+        self.tensors.append(_encode({
+            "id": self.id, "activity": activity,
+            "tensor": {"name": tensor.name, "data": data, "shape": ",".join(str(d) for d in tensor.shape),
+                       "dtype": tensor.datatype},
+        }).decode())
+
+    def records(self) -> str:
+        """This trace's records, comma-separated (the caller adds the array brackets)."""
+        out: list[str] = []
+        level = self.setting.level
+        if level & TraceLevel.TIMESTAMPS:
+            info: dict = {"id": self.id}
+            if self.model_name:
+                info["model_name"] = self.model_name
+                info["model_version"] = self.model_version
+                if self.request_id:
+                    info["request_id"] = self.request_id
+                if self.parent_id:
+                    info["parent_id"] = self.parent_id
+            info_json = _encode(info).decode()
+            placed = False
+            for name, ns in sorted(self.stamps, key=lambda s: s[1]):
+                if not placed and name == "REQUEST_START":
+                    out.append(info_json)
+                    placed = True
+                out.append(f'{{"id":{self.id},"timestamps":[{{"name":"{name}","ns":{ns}}}]}}')
+            if not placed and self.model_name:
+                out.insert(0, info_json)
+        if level & TraceLevel.TENSORS:
+            out.extend(self.tensors)
+        return ",".join(out)
+
+
+def _tensor_data(tensor) -> str:
+    """A tensor's elements as tritonserver's trace writes them: comma-separated text."""
+    dtype = tensor.datatype
+    if dtype in ("FP16", "BF16"):
+        return ""
+    arr = tensor.as_numpy().reshape(-1)
+    if dtype == "BYTES":
+        return ",".join(
+            '"' + (v.decode("utf-8", "replace") if isinstance(v, (bytes, bytearray)) else str(v)) + '"' for v in arr
+        )
+    if dtype == "BOOL":
+        return ",".join("1" if v else "0" for v in arr)
+    if dtype in ("FP32", "FP64"):
+        return ",".join(format(float(v), "g") for v in arr)
+    return ",".join(str(int(v)) for v in np.asarray(arr))
+

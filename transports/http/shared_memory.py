@@ -1,0 +1,112 @@
+"""HTTP routes of the shared-memory extensions, over the core's region registry.
+
+    GET  /v2/{system,cuda}sharedmemory[/region/<name>]/status
+    POST /v2/{system,cuda}sharedmemory/region/<name>/register
+    POST /v2/{system,cuda}sharedmemory[/region/<name>]/unregister
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import msgspec
+
+from kernel.errors import ErrorCode, KernelError
+from kernel.shared_memory import SharedMemoryManager
+from transports.asgi import send_error, send_json, send_status
+
+SYSTEM_PREFIX = "/v2/systemsharedmemory"
+CUDA_PREFIX = "/v2/cudasharedmemory"
+
+_ACTIONS = ("status", "register", "unregister")
+_decode_body = msgspec.json.Decoder()
+
+
+def is_shared_memory_path(path: str) -> bool:
+    return path.startswith(SYSTEM_PREFIX) or path.startswith(CUDA_PREFIX)
+
+
+def _split(path: str) -> Optional[tuple[bool, str, str]]:
+    """(is CUDA, region name or '', action) for a shared-memory path, or None if it is not one."""
+    cuda = path.startswith(CUDA_PREFIX)
+    rest = path[len(CUDA_PREFIX if cuda else SYSTEM_PREFIX):]
+    parts = rest.split("/")
+    # rest is "/<action>" or "/region/<name>/<action>"
+    if len(parts) == 2 and parts[0] == "":
+        name, action = "", parts[1]
+    elif len(parts) == 4 and parts[0] == "" and parts[1] == "region" and parts[2]:
+        name, action = parts[2], parts[3]
+    else:
+        return None
+    if action not in _ACTIONS:
+        return None
+    return cuda, name, action
+
+
+async def handle(app, path: str, method: str, receive, send) -> None:
+    """Serve one shared-memory request; KernelError propagates to the app's error mapping."""
+    route = _split(path)
+    if route is None:
+        await send_error(send, 404, "Not Found")
+        return
+    cuda, name, action = route
+    if method != ("GET" if action == "status" else "POST"):
+        await send_error(send, 405, "Method Not Allowed")
+        return
+    shm: SharedMemoryManager = app.server.shared_memory
+    if action == "status":
+        await send_json(send, 200, shm.cuda_status(name) if cuda else shm.system_status(name))
+        return
+    if action == "unregister":
+        if cuda:
+            shm.unregister_cuda(name)
+        else:
+            shm.unregister_system(name)
+        await send_status(send, 200)
+        return
+    kind = "cuda" if cuda else "system"
+    if not name:
+        raise KernelError(ErrorCode.INVALID_ARG, f"'region name' is necessary to register {kind} shared memory region")
+    body = await app._read_body(receive)
+    if body is None:
+        return  # client went away
+    if cuda:
+        shm.register_cuda(name)  # refuses: Kernel has no CUDA shared memory yet
+        return
+    key, offset, byte_size = _register_request(body)
+    shm.register_system(name, key, offset, byte_size)
+    await send_status(send, 200)
+
+
+def _register_request(body: bytes) -> tuple[str, int, int]:
+    """(key, offset, byte_size) from a `$system_shared_memory_register_request` body."""
+    if not body:
+        raise _bad("failed to parse the request JSON buffer: The document is empty.")
+    try:
+        doc: Any = _decode_body.decode(body)
+    except msgspec.DecodeError as exc:
+        raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict):
+        raise _bad("failed to parse the request JSON buffer: expected a JSON object")
+    if "key" not in doc:
+        raise _bad("Shared memory register request has no 'key' field")
+    key = doc["key"]
+    if not isinstance(key, str):
+        raise _bad("Unable to parse 'key': attempt to access JSON non-string as string")
+    offset = doc.get("offset", 0)
+    if not _is_uint(offset):
+        raise _bad("Unable to parse 'offset': attempt to access JSON non-unsigned-integer as unsigned-integer")
+    if "byte_size" not in doc:
+        raise _bad("Shared memory register request has no 'byte_size' field")
+    byte_size = doc["byte_size"]
+    if not _is_uint(byte_size):
+        raise _bad("Unable to parse 'byte_size': attempt to access JSON non-unsigned-integer as unsigned-integer")
+    return key, offset, byte_size
+
+
+def _is_uint(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _bad(message: str) -> KernelError:
+    return KernelError(ErrorCode.INVALID_ARG, message)
