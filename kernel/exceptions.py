@@ -7,8 +7,12 @@ existing programs keeps working after the import swap.
 from __future__ import annotations
 
 
-class PyTritonError(Exception):
-    """Base of every error raised by the PyTriton-compatible server-side API."""
+class MessageMixin:
+    """What both PyTriton error families share: built from one message, kept as `.message`, shown by str().
+
+    A mixin rather than a common base class because the two families are unrelated in PyTriton:
+    PyTritonError and PyTritonClientError each derive straight from Exception.
+    """
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -20,6 +24,10 @@ class PyTritonError(Exception):
     @property
     def message(self) -> str:
         return self._message
+
+
+class PyTritonError(MessageMixin, Exception):
+    """Base of every error raised by the PyTriton-compatible server-side API."""
 
 
 class PyTritonValidationError(PyTritonError):

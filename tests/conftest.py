@@ -80,6 +80,15 @@ class KernelProcess:
             time.sleep(0.05)
         raise RuntimeError(f"kernel serve did not become ready:\n{self.log()}")
 
+    def wait_for_log(self, text: str, times: int = 1, timeout: float = 10.0) -> bool:
+        """Whether the log holds `text` at least `times` times within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log().count(text) >= times:
+                return True
+            time.sleep(0.05)
+        return False
+
     def wait_exit(self, timeout: float = 60.0) -> int:
         return self.proc.wait(timeout)
 
@@ -95,23 +104,29 @@ class KernelProcess:
         return self.proc.returncode
 
 
-def serving(repos, *extra: str):
-    """Body of a module-scoped fixture: `yield from serving([REPO])` gives a ready server."""
-    k = KernelProcess(repos, *extra)
+def running(k: KernelProcess):
+    """Body of a fixture that owns `k`: `yield from running(k)` gives it ready and stops it afterwards."""
     try:
         yield k.wait_ready()
     finally:
         k.stop()
+
+
+def serving(repos, *extra: str):
+    """Body of a module-scoped fixture: `yield from serving([REPO])` gives a ready server."""
+    yield from running(KernelProcess(repos, *extra))
 
 
 @pytest.fixture(scope="session")
 def server():
     """One server for the read-only tests: the bundled examples plus the test models."""
-    k = KernelProcess([EXAMPLES, TEST_MODELS / "good"])
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from running(KernelProcess([EXAMPLES, TEST_MODELS / "good"]))
+
+
+@pytest.fixture(params=["http", "grpc"])
+def url(request, server):
+    """The session server's address as kernel.client takes it, once per protocol."""
+    return f"http://{server.url}" if request.param == "http" else f"grpc://{server.grpc_url}"
 
 
 @pytest.fixture

@@ -23,17 +23,15 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 @pytest.fixture
 def client(server):
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    yield c
-    c.close()
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        yield c
 
 
 @pytest.fixture
 def stub(server):
     """The raw service stub, for requests tritonclient never builds (typed contents, odd parameters)."""
-    channel = grpc.insecure_channel(server.grpc_url)
-    yield tc_grpc.GRPCInferenceServiceStub(channel)
-    channel.close()
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        yield tc_grpc.GRPCInferenceServiceStub(channel)
 
 
 def _inputs(**arrays):
@@ -504,21 +502,12 @@ def test_shared_memory_tensor_naming_no_region_is_refused(stub):
 # ---------------------------------------------------------------- cancellation
 
 
-def _wait_for_log(server, text, timeout=10.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if text in server.log():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_deadline_exceeded_cancels_the_request(server, client):
     tag = np.array([b"grpc-deadline"], dtype=np.object_)
     with pytest.raises(InferenceServerException) as info:
         client.infer("cancel_watcher", _inputs(TAG=tag), client_timeout=0.5)
     assert _status(info) == "StatusCode.DEADLINE_EXCEEDED"
-    assert _wait_for_log(server, "cancel_watcher saw cancellation of grpc-deadline")
+    assert server.wait_for_log("cancel_watcher saw cancellation of grpc-deadline")
 
 
 def test_client_cancelling_cancels_the_request(server):
@@ -534,7 +523,7 @@ def test_client_cancelling_cancels_the_request(server):
                 await task
 
     asyncio.run(main())
-    assert _wait_for_log(server, "cancel_watcher saw cancellation of grpc-aio-cancel")
+    assert server.wait_for_log("cancel_watcher saw cancellation of grpc-aio-cancel")
 
 
 # ---------------------------------------------------------------- asyncio client

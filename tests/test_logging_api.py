@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLES, TEST_MODELS, KernelProcess
+from conftest import EXAMPLES, TEST_MODELS, KernelProcess, running
 
 
 @pytest.fixture(scope="module")
@@ -28,27 +28,22 @@ def kernel(tmp_path_factory):
     log_file = base / "server.log"
     k = KernelProcess([repo], "--log-file", str(log_file))
     k.log_file = log_file
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from running(k)
 
 
 @pytest.fixture
 def http(kernel):
-    c = httpclient.InferenceServerClient(kernel.url)
-    yield c
-    # Leave the defaults for the next test.
-    c.update_log_settings({"log_info": True, "log_warning": True, "log_error": True, "log_verbose_level": 0,
-                           "log_format": "default"})
-    c.close()
+    with httpclient.InferenceServerClient(kernel.url) as c:
+        yield c
+        # Leave the defaults for the next test.
+        c.update_log_settings({"log_info": True, "log_warning": True, "log_error": True, "log_verbose_level": 0,
+                               "log_format": "default"})
 
 
 @pytest.fixture
 def grpc_client(kernel):
-    c = grpcclient.InferenceServerClient(kernel.grpc_url)
-    yield c
-    c.close()
+    with grpcclient.InferenceServerClient(kernel.grpc_url) as c:
+        yield c
 
 
 def log_model_lines(kernel, http, tag: int) -> list[str]:

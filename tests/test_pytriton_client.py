@@ -28,11 +28,6 @@ A = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 B = np.array([0.5, 0.5, 0.5, 0.5], np.float32)
 
 
-@pytest.fixture(params=["http", "grpc"])
-def url(request, server):
-    return f"http://{server.url}" if request.param == "http" else f"grpc://{server.grpc_url}"
-
-
 def assert_add_sub(result):
     assert set(result) == {"OUTPUT0", "OUTPUT1"}
     np.testing.assert_array_equal(result["OUTPUT0"], A + B)

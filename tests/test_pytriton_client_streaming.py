@@ -23,11 +23,6 @@ A = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 B = np.array([0.5, 0.5, 0.5, 0.5], np.float32)
 
 
-@pytest.fixture(params=["http", "grpc"])
-def url(request, server):
-    return f"http://{server.url}" if request.param == "http" else f"grpc://{server.grpc_url}"
-
-
 @pytest.fixture
 def grpc_url(server):
     return f"grpc://{server.grpc_url}"
@@ -35,16 +30,6 @@ def grpc_url(server):
 
 def values(responses):
     return [(int(r["OUT"][0]), int(r["IDX"][0])) for r in responses]
-
-
-def wait_for_log(server, text: str, seen_before: int, timeout: float = 10.0) -> bool:
-    """Whether the server log gets more than `seen_before` lines containing `text` within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.log().count(text) > seen_before:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 # ---- DecoupledModelClient ---------------------------------------------------------------------
@@ -77,7 +62,7 @@ def test_decoupled_timeout_cancels_the_request(server, grpc_url):
         assert values([next(responses)]) == [(1, 0)]
         with pytest.raises(PyTritonClientTimeoutError):
             next(responses)
-        assert wait_for_log(server, cancelled, seen_before)
+        assert server.wait_for_log(cancelled, times=seen_before + 1)
         assert values(client.infer_sample(IN=np.array([3], np.int32))) == [(3, 0)]
 
 

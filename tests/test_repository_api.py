@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import KernelProcess
+from conftest import KernelProcess, running
 from control_helpers import CONTROL, http, index, make_repo, scale_of, scaler_inputs, states, wait_for
 
 
@@ -31,24 +31,19 @@ def kernel(tmp_path_factory):
     k = KernelProcess([repo], "--model-control-mode=explicit", "--load-model", "other", env={"TMPDIR": str(scratch)})
     k.repo = repo
     k.scratch = scratch
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from running(k)
 
 
 @pytest.fixture
 def hc(kernel):
-    client = httpclient.InferenceServerClient(kernel.url, network_timeout=120)
-    yield client
-    client.close()
+    with httpclient.InferenceServerClient(kernel.url, network_timeout=120) as client:
+        yield client
 
 
 @pytest.fixture
 def gc(kernel):
-    client = grpcclient.InferenceServerClient(kernel.grpc_url)
-    yield client
-    client.close()
+    with grpcclient.InferenceServerClient(kernel.grpc_url) as client:
+        yield client
 
 
 def _unloaded(url: str, name: str) -> bool:

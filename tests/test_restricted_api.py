@@ -37,16 +37,14 @@ def kernel():
 
 @pytest.fixture
 def http(kernel):
-    c = httpclient.InferenceServerClient(kernel.url)
-    yield c
-    c.close()
+    with httpclient.InferenceServerClient(kernel.url) as c:
+        yield c
 
 
 @pytest.fixture
 def grpc_client(kernel):
-    c = grpcclient.InferenceServerClient(kernel.grpc_url)
-    yield c
-    c.close()
+    with grpcclient.InferenceServerClient(kernel.grpc_url) as c:
+        yield c
 
 
 def raw(kernel, path: str, method: str = "GET", headers=None, body: bytes | None = None):

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLES, TEST_MODELS, KernelProcess
+from conftest import EXAMPLES, TEST_MODELS, KernelProcess, running
 
 HTTP_STAMPS = [
     "HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
@@ -73,31 +73,25 @@ def kernel(tmp_path_factory):
         "--trace-config", "triton,log-frequency=1",
     )
     k.traces = Traces(trace_file)
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from running(k)
 
 
 @pytest.fixture
 def http(kernel):
-    c = httpclient.InferenceServerClient(kernel.url)
-    yield c
-    # Back to the start-up settings for the next test.
-    for model in ("add_sub", "logger_model", "ens_pipeline"):
-        c.update_trace_settings(model, {"trace_level": None, "trace_rate": None, "trace_count": None,
-                                        "log_frequency": None})
-    c.update_trace_settings(settings={"trace_level": None, "trace_rate": None, "trace_count": None,
-                                      "log_frequency": None})
-    c.close()
+    with httpclient.InferenceServerClient(kernel.url) as c:
+        yield c
+        # Back to the start-up settings for the next test.
+        unset = {"trace_level": None, "trace_rate": None, "trace_count": None, "log_frequency": None}
+        for model in ("add_sub", "logger_model", "ens_pipeline"):
+            c.update_trace_settings(model, unset)
+        c.update_trace_settings(settings=unset)
     kernel.traces.seen = len(kernel.traces.files())
 
 
 @pytest.fixture
 def grpc_client(kernel):
-    c = grpcclient.InferenceServerClient(kernel.grpc_url)
-    yield c
-    c.close()
+    with grpcclient.InferenceServerClient(kernel.grpc_url) as c:
+        yield c
 
 
 def add_sub(client, module, request_id: str = "", value: float = 1.0):

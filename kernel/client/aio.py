@@ -10,8 +10,6 @@ asyncio.wait_for against the init timeout.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import time
 from typing import AsyncIterator, Dict, Optional
 
 import numpy as np
@@ -21,22 +19,12 @@ from tritonclient.utils import InferenceServerException
 
 from kernel.client import failures
 from kernel.client import request as req
-from kernel.client.exceptions import (
-    PyTritonClientClosedError,
-    PyTritonClientInferenceServerError,
-    PyTritonClientModelDoesntSupportBatchingError,
-    PyTritonClientValueError,
-)
+from kernel.client.base import BaseModelClient, Deadline
 from kernel.client.failures import TRANSPORT_ERRORS, infer_failure
-from kernel.client.model_config import config_from_json
-from kernel.client.sync import DEFAULT_INFERENCE_TIMEOUT_S, DEFAULT_INIT_TIMEOUT_S
-from kernel.client.url import TritonUrl
 from kernel.model_config.triton_model_config import TritonModelConfig
 
-_FIRST_PAUSE_S, _MAX_PAUSE_S = 0.05, 1.0
 
-
-class AsyncioModelClient:
+class AsyncioModelClient(BaseModelClient):
     """asyncio client for one model on a KServe v2 server (Kernel or Triton)."""
 
     def __init__(
@@ -51,34 +39,24 @@ class AsyncioModelClient:
         model_config: Optional[TritonModelConfig] = None,
         ensure_model_is_ready: bool = True,
     ):
-        self._triton_url = TritonUrl.from_url(url)
-        self._grpc = self._triton_url.scheme == "grpc"
-        self._lib = tritonclient.grpc.aio if self._grpc else tritonclient.http.aio
-        self._model_name = model_name
-        self._model_version = model_version
-        self._init_timeout_s = DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else float(init_timeout_s)
-        self._inference_timeout_s = (
-            DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else float(inference_timeout_s)
+        super().__init__(
+            url,
+            model_name,
+            model_version,
+            lazy_init=lazy_init,
+            init_timeout_s=init_timeout_s,
+            inference_timeout_s=inference_timeout_s,
+            model_config=model_config,
+            ensure_model_is_ready=ensure_model_is_ready,
         )
-        self._model_config = model_config
-        self._ready_checked = model_config is not None and not ensure_model_is_ready
-        self._lazy_init = lazy_init
-        self._request_ids = itertools.count()
-        self._client = None
-        self._closed = False
 
-    @classmethod
-    def from_existing_client(cls, existing_client: "AsyncioModelClient"):
-        """A new client for the same model that reuses the existing one's configuration."""
-        return cls(
-            existing_client._triton_url.with_scheme,
-            existing_client._model_name,
-            existing_client._model_version,
-            init_timeout_s=existing_client._init_timeout_s,
-            inference_timeout_s=existing_client._inference_timeout_s,
-            model_config=existing_client._model_config,
-            ensure_model_is_ready=existing_client._model_config is None,
-        )
+    @staticmethod
+    def _copied_access_token(existing_client: BaseModelClient) -> dict:
+        return {}  # the asyncio clients take no access_token
+
+    def _start(self) -> None:
+        self._lib = tritonclient.grpc.aio if self._grpc else tritonclient.http.aio
+        self._client = None  # made by _connection(), inside the event loop it binds to
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -103,8 +81,7 @@ class AsyncioModelClient:
             await client.close()
 
     def _connection(self):
-        if self._closed:
-            raise PyTritonClientClosedError(f"{type(self).__name__} for model {self._model_name} is closed")
+        self._check_open()
         if self._client is None:
             address = self._triton_url.without_scheme
             if self._grpc:
@@ -116,15 +93,6 @@ class AsyncioModelClient:
         return self._client
 
     # ---- readiness and configuration ---------------------------------------------------
-
-    @property
-    def _version(self) -> str:
-        return self._model_version or ""
-
-    @property
-    def _label(self) -> str:
-        version = f" version {self._model_version}" if self._model_version else ""
-        return f"{self._model_name}{version} at {self._triton_url.with_scheme}"
 
     @staticmethod
     async def _answers_yes(call, timeout_s: float) -> bool:
@@ -141,14 +109,12 @@ class AsyncioModelClient:
     async def wait_for_model(self, timeout_s: float) -> None:
         """Waits until the server is live and the model ready."""
         client = self._connection()
-        deadline = time.monotonic() + timeout_s
-        pause = _FIRST_PAUSE_S
-        while not await self._model_is_ready(client, deadline - time.monotonic()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        deadline = Deadline(timeout_s)
+        while not await self._model_is_ready(client, deadline.remaining_s()):
+            pause = deadline.next_pause_s()
+            if pause is None:
                 raise await self._not_ready_error(client, timeout_s)
-            await asyncio.sleep(min(pause, remaining))
-            pause = min(pause * 2, _MAX_PAUSE_S)
+            await asyncio.sleep(pause)
 
     async def _not_ready_error(self, client, timeout_s: float):
         if not await self._answers_yes(client.is_server_live, 5.0):
@@ -162,25 +128,21 @@ class AsyncioModelClient:
         return failures.model_not_ready(self._label, timeout_s)
 
     async def _fetch_config(self, timeout_s: float) -> TritonModelConfig:
-        client = self._connection()
+        call = self._connection().get_model_config(self._model_name, self._version, **self._config_call_kwargs())
         try:
-            if self._grpc:
-                call = client.get_model_config(self._model_name, self._version, as_json=True)
-                doc = (await asyncio.wait_for(call, timeout_s))["config"]
-            else:
-                doc = await asyncio.wait_for(client.get_model_config(self._model_name, self._version), timeout_s)
+            answer = await asyncio.wait_for(call, timeout_s)
         except TRANSPORT_ERRORS as exc:
             raise failures.config_failure(exc, self._label) from exc
-        return config_from_json(doc)
+        return self._config_from_answer(answer)
 
     async def _ready_config(self) -> TritonModelConfig:
-        self._connection()  # raises once closed
-        deadline = time.monotonic() + self._init_timeout_s
+        self._check_open()
+        deadline = Deadline(self._init_timeout_s)
         if not self._ready_checked:
             await self.wait_for_model(self._init_timeout_s)
             self._ready_checked = True
         if self._model_config is None:
-            self._model_config = await self._fetch_config(max(deadline - time.monotonic(), 0.001))
+            self._model_config = await self._fetch_config(deadline.remaining_s())
         return self._model_config
 
     @property
@@ -194,10 +156,7 @@ class AsyncioModelClient:
     ):
         req.check_call(inputs, named_inputs, parameters, headers)
         config = await self._ready_config()
-        data = req.name_inputs(config, inputs, named_inputs)
-        batching = config.max_batch_size > 0
-        if batching:
-            data = req.add_batch_axis(data)
+        data, batching = self._sample_inputs(config, inputs, named_inputs)
         result = await self._infer(config, data, parameters, headers)
         return req.strip_batch_axis(result) if batching else result
 
@@ -206,37 +165,21 @@ class AsyncioModelClient:
     ):
         req.check_call(inputs, named_inputs, parameters, headers)
         config = await self._ready_config()
-        _require_batching(config, self._model_name)
-        return await self._infer(config, req.name_inputs(config, inputs, named_inputs), parameters, headers)
+        return await self._infer(config, self._batch_inputs(config, inputs, named_inputs), parameters, headers)
 
     async def _infer(self, config, data, parameters, headers) -> Dict[str, np.ndarray]:
-        if config.decoupled:
-            raise PyTritonClientInferenceServerError(
-                f"Model {self._model_name} is decoupled; use AsyncioDecoupledModelClient for it"
-            )
+        self._check_decoupled(config, False, "AsyncioDecoupledModelClient")
         client = self._connection()
         extra = {"client_timeout": self._inference_timeout_s} if self._grpc else {}
         try:
             result = await client.infer(
-                self._model_name,
-                req.infer_inputs(self._lib, data),
-                model_version=self._version,
-                outputs=req.requested_outputs(self._lib, config),
-                request_id=str(next(self._request_ids)),
-                parameters=parameters,
-                headers=req.merge_headers({}, headers, self._triton_url.scheme),
+                **self._request(config, data, parameters),
+                headers=req.merge_headers(self._headers, headers, self._triton_url.scheme),
                 **extra,
             )
         except TRANSPORT_ERRORS as exc:
             raise infer_failure(exc, self._model_name, self._inference_timeout_s) from exc
         return req.result_arrays(result)
-
-
-def _require_batching(config: TritonModelConfig, model_name: str) -> None:
-    if config.max_batch_size <= 0:
-        raise PyTritonClientModelDoesntSupportBatchingError(
-            f"Model {model_name} does not support batching (max_batch_size is 0); use infer_sample"
-        )
 
 
 class AsyncioDecoupledModelClient(AsyncioModelClient):
@@ -245,42 +188,14 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
     inference_timeout_s bounds the wait for each response, not the whole stream.
     """
 
-    def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        lazy_init: bool = True,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-        model_config: Optional[TritonModelConfig] = None,
-        ensure_model_is_ready: bool = True,
-    ):
-        super().__init__(
-            url,
-            model_name,
-            model_version,
-            lazy_init=lazy_init,
-            init_timeout_s=init_timeout_s,
-            inference_timeout_s=inference_timeout_s,
-            model_config=model_config,
-            ensure_model_is_ready=ensure_model_is_ready,
-        )
-        if not self._grpc:
-            raise PyTritonClientValueError(
-                "AsyncioDecoupledModelClient needs a grpc:// url: decoupled models stream over gRPC"
-            )
+    _needs_grpc = True
 
     async def infer_sample(
         self, *inputs, parameters: req.Parameters = None, headers: req.Parameters = None, **named_inputs
     ):
         req.check_call(inputs, named_inputs, parameters, headers)
         config = await self._ready_config()
-        data = req.name_inputs(config, inputs, named_inputs)
-        batching = config.max_batch_size > 0
-        if batching:
-            data = req.add_batch_axis(data)
+        data, batching = self._sample_inputs(config, inputs, named_inputs)
         async for result in self._stream(config, data, parameters, headers):
             yield req.strip_batch_axis(result) if batching else result
 
@@ -289,28 +204,19 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
     ):
         req.check_call(inputs, named_inputs, parameters, headers)
         config = await self._ready_config()
-        _require_batching(config, self._model_name)
-        async for result in self._stream(config, req.name_inputs(config, inputs, named_inputs), parameters, headers):
+        async for result in self._stream(config, self._batch_inputs(config, inputs, named_inputs), parameters, headers):
             yield result
 
     async def _stream(self, config, data, parameters, headers) -> AsyncIterator[Dict[str, np.ndarray]]:
-        if not config.decoupled:
-            raise PyTritonClientInferenceServerError(
-                f"Model {self._model_name} is not decoupled; use AsyncioModelClient for it"
-            )
-        request = {
-            "model_name": self._model_name,
-            "model_version": self._version,
-            "inputs": req.infer_inputs(self._lib, data),
-            "outputs": req.requested_outputs(self._lib, config),
-            "request_id": str(next(self._request_ids)),
-            "parameters": parameters,
-        }
+        self._check_decoupled(config, True, "AsyncioModelClient")
+        request = self._request(config, data, parameters)
 
         async def one_request():
             yield request
 
-        responses = self._connection().stream_infer(one_request(), headers=req.merge_headers({}, headers, "grpc"))
+        responses = self._connection().stream_infer(
+            one_request(), headers=req.merge_headers(self._headers, headers, "grpc")
+        )
         try:
             while True:
                 try:

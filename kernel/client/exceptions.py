@@ -6,20 +6,11 @@ carrying its text in `.message`.
 
 from __future__ import annotations
 
+from kernel.exceptions import MessageMixin
 
-class PyTritonClientError(Exception):
-    """Base of every client error."""
 
-    def __init__(self, message: str):
-        super().__init__(message)
-        self._message = message
-
-    def __str__(self) -> str:
-        return self._message
-
-    @property
-    def message(self) -> str:
-        return self._message
+class PyTritonClientError(MessageMixin, Exception):
+    """Base of every client error (not a PyTritonError, as in PyTriton)."""
 
 
 class PyTritonClientValueError(PyTritonClientError):

@@ -8,7 +8,6 @@ for readiness and configuration calls and one for inference.
 
 from __future__ import annotations
 
-import itertools
 import queue
 import threading
 import time
@@ -21,61 +20,28 @@ from tritonclient.utils import InferenceServerException
 
 from kernel.client import failures
 from kernel.client import request as req
+from kernel.client.base import BaseModelClient, Deadline
 from kernel.client.exceptions import (
-    PyTritonClientClosedError,
     PyTritonClientInferenceServerError,
-    PyTritonClientModelDoesntSupportBatchingError,
     PyTritonClientTimeoutError,
-    PyTritonClientValueError,
 )
 from kernel.client.failures import TRANSPORT_ERRORS, infer_failure
-from kernel.client.model_config import config_from_json
-from kernel.client.url import TritonUrl
 from kernel.model_config.triton_model_config import TritonModelConfig
 
-DEFAULT_INIT_TIMEOUT_S = 300.0
-DEFAULT_INFERENCE_TIMEOUT_S = 60.0
 _CONTROL_TIMEOUT_CAP_S = 60.0  # readiness and config calls never wait longer than this each
-_FIRST_PAUSE_S, _MAX_PAUSE_S = 0.05, 1.0  # readiness polling backs off between these
 
 
-class ModelClient:
+class ModelClient(BaseModelClient):
     """Synchronous client for one model on a KServe v2 server (Kernel or Triton)."""
 
-    def __init__(
-        self,
-        url: str,
-        model_name: str,
-        model_version: Optional[str] = None,
-        *,
-        lazy_init: bool = True,
-        init_timeout_s: Optional[float] = None,
-        inference_timeout_s: Optional[float] = None,
-        model_config: Optional[TritonModelConfig] = None,
-        ensure_model_is_ready: bool = True,
-        access_token: Optional[str] = None,
-    ):
-        self._triton_url = TritonUrl.from_url(url)
-        self._grpc = self._triton_url.scheme == "grpc"
-        self._lib = tritonclient.grpc if self._grpc else tritonclient.http
-        self._model_name = model_name
-        self._model_version = model_version
-        self._init_timeout_s = DEFAULT_INIT_TIMEOUT_S if init_timeout_s is None else float(init_timeout_s)
-        self._inference_timeout_s = (
-            DEFAULT_INFERENCE_TIMEOUT_S if inference_timeout_s is None else float(inference_timeout_s)
-        )
-        self._headers = req.auth_headers(access_token, self._triton_url.scheme)
-        self._model_config = model_config
-        # A config handed in by the caller may skip the readiness check, never a fetched one.
-        self._ready_checked = model_config is not None and not ensure_model_is_ready
-        self._lazy_init = lazy_init
-        self._request_ids = itertools.count()
-        self._closed = False
+    def _start(self) -> None:
         address = self._triton_url.without_scheme
         if self._grpc:
+            self._lib = tritonclient.grpc
             self._infer_client = self._control = tritonclient.grpc.InferenceServerClient(address)
             self._infer_kwargs = {"client_timeout": self._inference_timeout_s}
         else:
+            self._lib = tritonclient.http
             control_s = min(_CONTROL_TIMEOUT_CAP_S, self._init_timeout_s)
             self._control = tritonclient.http.InferenceServerClient(
                 address, connection_timeout=control_s, network_timeout=control_s
@@ -84,32 +50,12 @@ class ModelClient:
                 address, connection_timeout=self._inference_timeout_s, network_timeout=self._inference_timeout_s
             )
             self._infer_kwargs = {}
-        if not lazy_init:
+        if not self._lazy_init:
             try:
                 self._ready_config()
             except BaseException:
                 self.close()
                 raise
-
-    @classmethod
-    def from_existing_client(cls, existing_client: "ModelClient"):
-        """A new client for the same model that reuses the existing one's configuration."""
-        return cls(
-            existing_client._triton_url.with_scheme,
-            existing_client._model_name,
-            existing_client._model_version,
-            init_timeout_s=existing_client._init_timeout_s,
-            inference_timeout_s=existing_client._inference_timeout_s,
-            model_config=existing_client._model_config,
-            ensure_model_is_ready=existing_client._model_config is None,
-            **existing_client._copied_kwargs(),
-        )
-
-    def _copied_kwargs(self) -> dict:
-        token = self._headers.get(req.ACCESS_TOKEN_HEADER) or self._headers.get(
-            req.GRPC_HEADER_PREFIX + req.ACCESS_TOKEN_HEADER
-        )
-        return {"access_token": token} if token else {}
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -126,20 +72,7 @@ class ModelClient:
         for client in {id(c): c for c in (self._control, self._infer_client)}.values():
             client.close()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise PyTritonClientClosedError(f"{type(self).__name__} for model {self._model_name} is closed")
-
     # ---- readiness and configuration ---------------------------------------------------
-
-    @property
-    def _version(self) -> str:
-        return self._model_version or ""
-
-    @property
-    def _label(self) -> str:
-        version = f" version {self._model_version}" if self._model_version else ""
-        return f"{self._model_name}{version} at {self._triton_url.with_scheme}"
 
     def _call_kwargs(self, timeout_s: float) -> dict:
         kwargs = {"headers": self._headers or None}
@@ -153,18 +86,16 @@ class ModelClient:
         except TRANSPORT_ERRORS:
             return False
 
-    def _poll(self, is_ready, timeout_s: float) -> bool:
+    @staticmethod
+    def _poll(is_ready, timeout_s: float) -> bool:
         """Calls is_ready(remaining_s) until it answers True or timeout_s passes."""
-        deadline = time.monotonic() + timeout_s
-        pause = _FIRST_PAUSE_S
-        while True:
-            if is_ready(max(deadline - time.monotonic(), 0.001)):
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        deadline = Deadline(timeout_s)
+        while not is_ready(deadline.remaining_s()):
+            pause = deadline.next_pause_s()
+            if pause is None:
                 return False
-            time.sleep(min(pause, remaining))
-            pause = min(pause * 2, _MAX_PAUSE_S)
+            time.sleep(pause)
+        return True
 
     def _model_is_ready(self, timeout_s: float) -> bool:
         control = self._control
@@ -207,25 +138,22 @@ class ModelClient:
 
     def _fetch_config(self, timeout_s: float) -> TritonModelConfig:
         try:
-            if self._grpc:
-                doc = self._control.get_model_config(
-                    self._model_name, self._version, as_json=True, **self._call_kwargs(timeout_s)
-                )["config"]
-            else:
-                doc = self._control.get_model_config(self._model_name, self._version, **self._call_kwargs(timeout_s))
+            answer = self._control.get_model_config(
+                self._model_name, self._version, **self._config_call_kwargs(), **self._call_kwargs(timeout_s)
+            )
         except TRANSPORT_ERRORS as exc:
             raise failures.config_failure(exc, self._label) from exc
-        return config_from_json(doc)
+        return self._config_from_answer(answer)
 
     def _ready_config(self) -> TritonModelConfig:
         """The model's configuration, once it is known the model is ready (waiting up to init_timeout_s)."""
         self._check_open()
-        deadline = time.monotonic() + self._init_timeout_s
+        deadline = Deadline(self._init_timeout_s)
         if not self._ready_checked:
             self.wait_for_model(self._init_timeout_s)
             self._ready_checked = True
         if self._model_config is None:
-            self._model_config = self._fetch_config(max(deadline - time.monotonic(), 0.001))
+            self._model_config = self._fetch_config(deadline.remaining_s())
         return self._model_config
 
     @property
@@ -260,10 +188,7 @@ class ModelClient:
         """One sample without the batch axis; the axis is added and removed here when the model batches."""
         req.check_call(inputs, named_inputs, parameters, headers)
         config = self._ready_config()
-        data = req.name_inputs(config, inputs, named_inputs)
-        batching = config.max_batch_size > 0
-        if batching:
-            data = req.add_batch_axis(data)
+        data, batching = self._sample_inputs(config, inputs, named_inputs)
         return self._run(config, data, parameters, headers, batching)
 
     def infer_batch(
@@ -272,28 +197,13 @@ class ModelClient:
         """A batch: every input carries the batch axis first."""
         req.check_call(inputs, named_inputs, parameters, headers)
         config = self._ready_config()
-        if config.max_batch_size <= 0:
-            raise PyTritonClientModelDoesntSupportBatchingError(
-                f"Model {self._model_name} does not support batching (max_batch_size is 0); use infer_sample"
-            )
-        return self._run(config, req.name_inputs(config, inputs, named_inputs), parameters, headers, False)
-
-    def _next_request_id(self) -> str:
-        return str(next(self._request_ids))
+        return self._run(config, self._batch_inputs(config, inputs, named_inputs), parameters, headers, False)
 
     def _run(self, config, data, parameters, headers, strip_batch: bool) -> Dict[str, np.ndarray]:
-        if config.decoupled:
-            raise PyTritonClientInferenceServerError(
-                f"Model {self._model_name} is decoupled; use DecoupledModelClient for it"
-            )
+        self._check_decoupled(config, False, "DecoupledModelClient")
         try:
             result = self._infer_client.infer(
-                self._model_name,
-                req.infer_inputs(self._lib, data),
-                model_version=self._version,
-                outputs=req.requested_outputs(self._lib, config),
-                request_id=self._next_request_id(),
-                parameters=parameters,
+                **self._request(config, data, parameters),
                 headers=req.merge_headers(self._headers, headers, self._triton_url.scheme),
                 **self._infer_kwargs,
             )
@@ -305,6 +215,8 @@ class ModelClient:
 
 class DecoupledModelClient(ModelClient):
     """Synchronous client for decoupled models: each call returns an iterator of responses (gRPC only)."""
+
+    _needs_grpc = True
 
     def __init__(
         self,
@@ -318,10 +230,6 @@ class DecoupledModelClient(ModelClient):
         model_config: Optional[TritonModelConfig] = None,
         ensure_model_is_ready: bool = True,
     ):
-        if TritonUrl.from_url(url).scheme != "grpc":
-            raise PyTritonClientValueError(
-                "DecoupledModelClient needs a grpc:// url: decoupled models stream over gRPC"
-            )
         self._stream_lock = threading.Lock()
         self._stream: Optional[_ResponseStream] = None
         super().__init__(
@@ -335,9 +243,6 @@ class DecoupledModelClient(ModelClient):
             ensure_model_is_ready=ensure_model_is_ready,
         )
 
-    def _copied_kwargs(self) -> dict:
-        return {}
-
     def close(self) -> None:
         stream = self._stream
         if stream is not None:
@@ -345,10 +250,7 @@ class DecoupledModelClient(ModelClient):
         super().close()
 
     def _run(self, config, data, parameters, headers, strip_batch: bool) -> Iterator[Dict[str, np.ndarray]]:
-        if not config.decoupled:
-            raise PyTritonClientInferenceServerError(
-                f"Model {self._model_name} is not decoupled; use ModelClient for it"
-            )
+        self._check_decoupled(config, True, "ModelClient")
         if not self._stream_lock.acquire(blocking=False):
             raise PyTritonClientInferenceServerError(
                 "Inference is already in progress: read the previous call's responses to the end first"
@@ -362,12 +264,7 @@ class DecoupledModelClient(ModelClient):
                 headers=req.merge_headers(self._headers, headers, "grpc"),
             )
             client.async_stream_infer(
-                self._model_name,
-                req.infer_inputs(self._lib, data),
-                model_version=self._version,
-                outputs=req.requested_outputs(self._lib, config),
-                request_id=self._next_request_id(),
-                parameters=parameters,
+                **self._request(config, data, parameters),
                 enable_empty_final_response=True,  # tells the end of a request's responses apart
             )
         except BaseException as exc:

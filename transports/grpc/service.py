@@ -133,16 +133,11 @@ class InferenceService:
         return pb.RepositoryModelUnloadResponse()
 
     # ---- shared-memory extensions (regions live in the core: kernel/shared_memory.py) ----
+    # A region's status dict uses the proto's field names, so it fills its map entry as is.
 
     def SystemSharedMemoryStatus(self, msg) -> pb.SystemSharedMemoryStatusResponse:
-        reply = pb.SystemSharedMemoryStatusResponse()
-        for region in self.server.shared_memory.system_status(msg.name):
-            entry = reply.regions[region["name"]]
-            entry.name = region["name"]
-            entry.key = region["key"]
-            entry.offset = region["offset"]
-            entry.byte_size = region["byte_size"]
-        return reply
+        regions = self.server.shared_memory.system_status(msg.name)
+        return pb.SystemSharedMemoryStatusResponse(regions={region["name"]: region for region in regions})
 
     def SystemSharedMemoryRegister(self, msg) -> pb.SystemSharedMemoryRegisterResponse:
         self.server.shared_memory.register_system(msg.name, msg.key, msg.offset, msg.byte_size)
@@ -153,13 +148,8 @@ class InferenceService:
         return pb.SystemSharedMemoryUnregisterResponse()
 
     def CudaSharedMemoryStatus(self, msg) -> pb.CudaSharedMemoryStatusResponse:
-        reply = pb.CudaSharedMemoryStatusResponse()
-        for region in self.server.shared_memory.cuda_status(msg.name):
-            entry = reply.regions[region["name"]]
-            entry.name = region["name"]
-            entry.device_id = region["device_id"]
-            entry.byte_size = region["byte_size"]
-        return reply
+        regions = self.server.shared_memory.cuda_status(msg.name)
+        return pb.CudaSharedMemoryStatusResponse(regions={region["name"]: region for region in regions})
 
     def CudaSharedMemoryRegister(self, msg) -> pb.CudaSharedMemoryRegisterResponse:
         self.server.shared_memory.register_cuda(msg.name)
