@@ -15,6 +15,8 @@ import logging
 import threading
 from typing import Any, Awaitable, Callable, Optional
 
+import uvloop
+
 from kernel import cli, server_log
 from kernel.server import Server, StartupError
 
@@ -35,15 +37,6 @@ def parse_args(argv: list[str]):
     except SystemExit:
         lines = [line for line in errors.getvalue().splitlines() if line.strip()]
         raise ServerArgumentError(lines[-1] if lines else "invalid server arguments") from None
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.new_event_loop()
 
 
 class InProcessServer:
@@ -99,7 +92,7 @@ class InProcessServer:
     # ---- the server thread -------------------------------------------------------------------------
 
     def _main(self) -> None:
-        loop = _new_loop()
+        loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
         try:

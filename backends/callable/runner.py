@@ -7,18 +7,11 @@ import logging
 import threading
 from typing import Any, Awaitable, Callable, Optional
 
+import uvloop
+
 from backends.callable.inbox import LoopInbox
 
 log = logging.getLogger("kernel.callable")
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        return asyncio.new_event_loop()
 
 
 class AsyncRunner:
@@ -37,7 +30,7 @@ class AsyncRunner:
             ready = threading.Event()
 
             def main() -> None:
-                loop = _new_loop()
+                loop = uvloop.new_event_loop()
                 asyncio.set_event_loop(loop)
                 self._loop = loop
                 self._inbox = LoopInbox(loop)
