@@ -50,7 +50,7 @@ NO_EFFECT_FLAGS = {
     "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
     "min-supported-compute-capability", "allow-gpu-metrics", "model-load-retry-count",
     "grpc-max-response-pool-size", "reuse-http-port", "reuse-grpc-port", "enable-peer-access",
-    "grpc-header-forward-pattern", "host-policy", "model-load-gpu-limit",
+    "host-policy", "model-load-gpu-limit",
     "repoagent-directory", "sagemaker-thread-count", "vertex-ai-thread-count",
 }
 
@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-grpc", type=parse_bool, default=not vertex_prediction)
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--grpc-header-forward-pattern", default="",
+                   help="gRPC metadata whose keys match this regular expression become request parameters")
     p.add_argument("--grpc-keepalive-time", type=int, default=7200000, help="milliseconds")
     p.add_argument("--grpc-keepalive-timeout", type=int, default=20000, help="milliseconds")
     p.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False)

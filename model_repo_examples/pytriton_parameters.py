@@ -4,8 +4,9 @@
 
 Serves model "Affine" until Ctrl-C: y = x * <parameter "factor"> + <header
 "x-bias">. Parameters travel in the KServe request's "parameters" object (or
-gRPC parameters map); headers whose names match http_header_forward_pattern
-("x-.*" here) are forwarded to the model as string parameters.
+gRPC parameters map); HTTP headers and gRPC metadata whose names match
+http_header_forward_pattern / grpc_header_forward_pattern ("x-.*" here) are
+forwarded to the model as string parameters.
 """
 
 import argparse
@@ -25,7 +26,7 @@ def config_from_argv() -> TritonConfig:
         parser.add_argument(f"--{name}-port", type=int, default=None)
     args = parser.parse_args()
     return TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-                        http_header_forward_pattern="x-.*")
+                        http_header_forward_pattern="x-.*", grpc_header_forward_pattern="x-.*")
 
 
 def affine(requests):

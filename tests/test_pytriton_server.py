@@ -258,6 +258,8 @@ def test_parameters_and_headers_reach_the_callable(parameters):
     client = grpcclient.InferenceServerClient(parameters.grpc_url)
     result = client.infer("Affine", [grpc_input("x", x)], parameters={"factor": 2})
     np.testing.assert_allclose(result.as_numpy("y"), x * 2)
+    result = client.infer("Affine", [grpc_input("x", x)], parameters={"factor": 2}, headers={"x-bias": "0.25"})
+    np.testing.assert_allclose(result.as_numpy("y"), x * 2 + 0.25)  # TritonConfig.grpc_header_forward_pattern
     client.close()
 
 

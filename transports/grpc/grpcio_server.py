@@ -136,16 +136,22 @@ class GrpcioServer:
     async def _model_infer(self, request, context):
         if request is _UNPARSABLE:
             await context.abort(self.grpc.StatusCode.INTERNAL, "Unable to parse request")
+        metadata = None
+        if self.service.header_forward is not None:
+            metadata = context.invocation_metadata() or ()
         try:
-            return await self.service.ModelInfer(request)
+            return await self.service.ModelInfer(request, metadata)
         except KernelError as exc:
             await self._abort(context, exc)
 
     async def _model_stream_infer(self, request_iterator, context):
-        metadata = dict(context.invocation_metadata() or ())
-        grpc_error_mode = metadata.get("triton_grpc_error") == "true"
+        invocation_metadata = context.invocation_metadata() or ()
+        grpc_error_mode = dict(invocation_metadata).get("triton_grpc_error") == "true"
+        forwarded = invocation_metadata if self.service.header_forward is not None else None
         try:
-            await drive_stream(self.service, _until_unparsable(request_iterator), context.write, grpc_error_mode)
+            await drive_stream(
+                self.service, _until_unparsable(request_iterator), context.write, grpc_error_mode, forwarded
+            )
         except StreamError as exc:
             await context.abort(self.codes.get(exc.code, self.grpc.StatusCode.UNKNOWN), exc.message)
 

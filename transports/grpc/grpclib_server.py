@@ -137,10 +137,19 @@ class GrpclibBinding:
 
         return handle
 
+    def _metadata(self, stream):
+        """The call's client metadata for --grpc-header-forward-pattern; None when nothing is forwarded."""
+        if self.service.header_forward is None:
+            return None
+        pairs = list((stream.metadata or {}).items())
+        if stream.user_agent:  # grpclib keeps it out of stream.metadata; gRPC C++ servers show it
+            pairs.append(("user-agent", stream.user_agent))
+        return pairs
+
     async def _model_infer(self, stream) -> None:
         msg = await _recv(stream)
         try:
-            response = await self.service.ModelInfer(msg)
+            response = await self.service.ModelInfer(msg, self._metadata(stream))
         except KernelError as exc:
             raise _grpc_error(exc) from None
         except Exception as exc:  # noqa: BLE001
@@ -151,7 +160,9 @@ class GrpclibBinding:
         metadata = stream.metadata or {}
         grpc_error_mode = metadata.get("triton_grpc_error") == "true"
         try:
-            await drive_stream(self.service, _messages(stream), stream.send_message, grpc_error_mode)
+            await drive_stream(
+                self.service, _messages(stream), stream.send_message, grpc_error_mode, self._metadata(stream)
+            )
         except StreamError as exc:
             raise GRPCError(Status(exc.code), exc.message) from None
 

@@ -43,6 +43,7 @@ from google.protobuf.message import DecodeError
 from kernel.errors import KernelError
 from kernel.restrictions import grpc_message
 from transports.grpc import codec
+from transports.grpc.metadata import client_metadata
 from transports.grpc.protos import grpc_service_pb2 as pb
 from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized
 
@@ -203,7 +204,7 @@ class _Stream:
     __slots__ = (
         "id", "kind", "req_type", "method", "parts", "have", "need", "messages", "recv_unacked", "send_window",
         "pending", "trailers", "remote_closed", "closed", "headers_sent", "request", "session", "timer",
-        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns",
+        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata",
     )
 
     def __init__(self, stream_id: int, send_window: int):
@@ -230,6 +231,7 @@ class _Stream:
         self.flush_scheduled = False
         self.trace = None  # kernel.trace.Trace of a sampled ModelInfer call
         self.started_ns = 0  # when its headers arrived (only taken while tracing is on)
+        self.metadata = None  # client metadata of an infer call, kept only when headers are forwarded
 
 
 class _ProtocolError(Exception):
@@ -249,6 +251,7 @@ class GrpcConnection(asyncio.Protocol):
         self.service = server.service
         self.methods = server.methods
         self.restricted = server.service.restricted  # None when no RPC group is restricted
+        self.header_forward = server.service.header_forward  # None unless --grpc-header-forward-pattern
         self.tracer = server.service.tracer
         self.loop = server.loop
         self.transport = None
@@ -533,6 +536,8 @@ class GrpcConnection(asyncio.Protocol):
         if self.tracer.active:
             s.started_ns = time.monotonic_ns()
         s.kind, s.req_type, s.method = entry
+        if self.header_forward is not None and s.kind != UNARY:
+            s.metadata = client_metadata(headers)
         if s.encoding and s.encoding not in (b"identity", b"gzip", b"deflate"):
             self._finish(s, codec.UNIMPLEMENTED, f"grpc-encoding '{s.encoding.decode('latin-1')}' is not supported")
             return
@@ -541,7 +546,7 @@ class GrpcConnection(asyncio.Protocol):
             if seconds is not None:
                 s.timer = self.loop.call_later(seconds, self._deadline_expired, s)
         if s.kind == STREAM:
-            s.session = self.service.stream_session(lambda: self._session_ready(s), s.grpc_error_mode)
+            s.session = self.service.stream_session(lambda: self._session_ready(s), s.grpc_error_mode, s.metadata)
         if flags & FLAG_END_STREAM:
             self._on_end_stream(s)
 
@@ -707,7 +712,9 @@ class GrpcConnection(asyncio.Protocol):
                 s.trace.stamp("GRPC_WAITREAD_START", s.started_ns)
                 s.trace.stamp("GRPC_WAITREAD_END")
         try:
-            request = self.service.start_infer(msg, lambda response: self._infer_done(s, response), s.trace)
+            request = self.service.start_infer(
+                msg, lambda response: self._infer_done(s, response), s.trace, s.metadata
+            )
             if not s.closed and s.trailers is None:  # (unless it was answered on the spot)
                 s.request = request
         except KernelError as exc:

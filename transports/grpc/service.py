@@ -56,6 +56,9 @@ class InferenceService:
         # --grpc-restricted-protocol (kernel.restrictions.Restrictions); None when nothing is restricted.
         # The bindings check it per call, classifying calls with transports.restricted.grpc_category.
         self.restricted = None
+        # --grpc-header-forward-pattern (transports.header_forward.HeaderForwarder); None when unset.
+        # The bindings then hand ModelInfer/ModelStreamInfer calls their client metadata.
+        self.header_forward = None
         self.tracer = server.tracer
 
     # ---- health --------------------------------------------------------------
@@ -186,12 +189,13 @@ class InferenceService:
         codec.check_version(version)
         return self.server.model(name, version)
 
-    def start_infer(self, msg, on_done: Callable[[InferResponse], None], trace=None) -> InferRequest:
+    def start_infer(self, msg, on_done: Callable[[InferResponse], None], trace=None, metadata=None) -> InferRequest:
         """Validate and submit a ModelInfer request; `on_done` gets its one response.
 
         Raises KernelError when the request is refused. The returned core
         request is what to cancel if the client goes away first. `trace`: the
         call's kernel.trace.Trace when it was sampled (the caller releases it).
+        `metadata`: the call's client metadata, given only when headers are forwarded.
         """
         model = self._lookup(msg.model_name, msg.model_version)
         if model.decoupled:
@@ -200,6 +204,8 @@ class InferenceService:
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             )
         request, _ = codec.parse_infer_request(msg, self.server.shared_memory)
+        if metadata is not None:
+            self.header_forward.apply_metadata(request, metadata)
         request.on_response = _once(on_done)
         request.trace = trace
         self.server.submit(request)
@@ -212,32 +218,32 @@ class InferenceService:
             raise response.error
         return Serialized(codec.encode_infer_response(response))
 
-    def ModelInfer(self, msg) -> Awaitable["Serialized"]:
+    def ModelInfer(self, msg, metadata=None) -> Awaitable["Serialized"]:
         """ModelInfer for server libraries that run each call as a coroutine (await the result)."""
         if self.tracer.active:  # all that tracing costs while it is off (kernel/trace.py)
-            return self._traced_model_infer(msg)
-        return self._model_infer(msg, None)
+            return self._traced_model_infer(msg, metadata)
+        return self._model_infer(msg, None, metadata)
 
-    async def _traced_model_infer(self, msg) -> "Serialized":
+    async def _traced_model_infer(self, msg, metadata) -> "Serialized":
         trace = self.tracer.sample(msg.model_name)
         if trace is None:
-            return await self._model_infer(msg, None)
+            return await self._model_infer(msg, None, metadata)
         trace.stamp("GRPC_WAITREAD_START")
         trace.stamp("GRPC_WAITREAD_END")
         try:
-            return await self._model_infer(msg, trace)
+            return await self._model_infer(msg, trace, metadata)
         finally:
             trace.stamp("GRPC_SEND_END")
             trace.release()
 
-    async def _model_infer(self, msg, trace) -> "Serialized":
+    async def _model_infer(self, msg, trace, metadata=None) -> "Serialized":
         future = asyncio.get_running_loop().create_future()
 
         def done(response: InferResponse) -> None:
             if not future.done():  # the call may have been cancelled meanwhile
                 future.set_result(response)
 
-        request = self.start_infer(msg, done, trace)
+        request = self.start_infer(msg, done, trace, metadata)
         self.active_infers += 1
         try:
             response = await future
@@ -252,8 +258,11 @@ class InferenceService:
             trace.stamp("GRPC_SEND_START")
         return self.infer_reply(response)
 
-    def stream_session(self, on_ready: Callable[[], None], grpc_error_mode: bool = False) -> "StreamSession":
-        return StreamSession(self, on_ready, grpc_error_mode)
+    def stream_session(
+        self, on_ready: Callable[[], None], grpc_error_mode: bool = False, metadata=None
+    ) -> "StreamSession":
+        """`metadata`: the call's client metadata, given only when headers are forwarded."""
+        return StreamSession(self, on_ready, grpc_error_mode, metadata)
 
     def busy(self) -> bool:
         return self.active_infers > 0 or any(s.inflight for s in self.sessions)
@@ -294,6 +303,7 @@ async def drive_stream(
     requests: AsyncIterator,
     send: Callable[[object], Awaitable[None]],
     grpc_error_mode: bool = False,
+    metadata=None,
 ) -> None:
     """Serve one ModelStreamInfer call for a server library that runs calls as coroutines.
 
@@ -309,7 +319,7 @@ async def drive_stream(
         if wake is not None and not wake.done():
             wake.set_result(None)
 
-    session = service.stream_session(on_ready, grpc_error_mode)
+    session = service.stream_session(on_ready, grpc_error_mode, metadata)
 
     async def read() -> None:
         nonlocal read_error
@@ -382,11 +392,14 @@ class StreamSession:
     its gRPC status instead.
     """
 
-    def __init__(self, service: InferenceService, on_ready: Callable[[], None], grpc_error_mode: bool):
+    def __init__(self, service: InferenceService, on_ready: Callable[[], None], grpc_error_mode: bool,
+                 metadata=None):
         self.service = service
         self.server = service.server
         self.on_ready = on_ready
         self.grpc_error_mode = grpc_error_mode
+        # The call's client metadata when headers are forwarded (every request gets them), else None.
+        self.metadata = metadata
         self.outbox: collections.deque = collections.deque()
         self.ordered: collections.deque = collections.deque()  # [message or None] slots
         self.inflight: dict[int, InferRequest] = {}
@@ -437,6 +450,8 @@ class StreamSession:
                 slot = [None]
                 self.ordered.append(slot)
             request, empty_final = codec.parse_infer_request(msg, self.server.shared_memory)
+            if self.metadata is not None:
+                self.service.header_forward.apply_metadata(request, self.metadata)
             key = self._ids = self._ids + 1
             request.on_response = self._responder(key, request, msg.model_version, decoupled, empty_final, slot)
             self.inflight[key] = request

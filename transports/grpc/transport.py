@@ -19,6 +19,7 @@ from kernel.restrictions import Restrictions
 from kernel.server import Server
 from kernel.transport import Transport
 from transports.grpc.service import InferenceService
+from transports.header_forward import HeaderForwarder
 
 log = logging.getLogger("kernel.grpc")
 
@@ -54,6 +55,8 @@ class GrpcOptions:
     server_library: str = dataclasses.field(default_factory=_default_library)
     # --grpc-restricted-protocol: RPC groups that need a `triton-grpc-protocol-<key>` header.
     restricted: Optional[Restrictions] = None
+    # --grpc-header-forward-pattern: metadata of infer calls whose keys match become request parameters.
+    header_forward_pattern: str = ""
 
     def __post_init__(self) -> None:
         if self.server_library not in SERVER_LIBRARIES:
@@ -66,6 +69,8 @@ class GrpcOptions:
             raise ValueError("--grpc-http2-max-pings-without-data must be >= 0")
         if self.infer_allocation_pool_size < 0:
             raise ValueError("--grpc-infer-allocation-pool-size must be >= 0")
+        if self.header_forward_pattern:
+            HeaderForwarder(self.header_forward_pattern)  # ValueError for a bad regular expression
 
     @property
     def ssl_enabled(self) -> bool:
@@ -86,6 +91,7 @@ class GrpcOptions:
             "server_key": "grpc_server_key",
             "root_cert": "grpc_root_cert",
             "server_library": "grpc_server",
+            "header_forward_pattern": "grpc_header_forward_pattern",
         }
         values = {}
         for field, attr in names.items():
@@ -142,6 +148,8 @@ class GrpcTransport(Transport):
         self.options = options
         self.service = InferenceService(server)
         self.service.restricted = options.restricted or None
+        if options.header_forward_pattern:
+            self.service.header_forward = HeaderForwarder(options.header_forward_pattern)
         self._impl = None
 
     async def start(self) -> str:
