@@ -17,6 +17,7 @@ import weakref
 from typing import Optional
 
 from backends.python import messages, wire
+from backends.python.inline_channel import OneShot
 from kernel import datatypes
 
 import triton_python_backend_utils as pb_utils
@@ -50,10 +51,11 @@ class _Call:
 class ResponseIterator:
     """The iterator `exec(decoupled=True)` returns; yields until the final response."""
 
-    def __init__(self, client: "BlsClient", key: int, call: _Call):
+    def __init__(self, client: "BlsClient", key: int, call: _Call, send=None):
         self._client = client
         self._key = key
         self._call = call
+        self._send = send  # the request's OneShot send, when made from a model thread
         self._finished = False
 
     def __iter__(self):
@@ -62,7 +64,13 @@ class ResponseIterator:
     def __next__(self):
         if self._finished:
             raise StopIteration
-        response, final = self._call.sync_queue.get()
+        sync_queue = self._call.sync_queue
+        worker = self._client.worker
+        if worker.pumping_here():
+            worker.wait_inline(lambda: not sync_queue.empty())
+            response, final = sync_queue.get()
+        else:
+            response, final = worker.take_off_loop(sync_queue, self._send)
         if final:
             self._finished = True
         return response
@@ -101,16 +109,26 @@ class BlsClient:
 
     def exec(self, request, decoupled: bool):
         loop = self.worker.loop
+        if self.worker.pumping_here():
+            # A synchronous execute running on the loop: send now, pump until answered.
+            key, call = self._new_call(decoupled, blocking=True)
+            self._send(key, request, decoupled, True)
+            if decoupled:
+                return ResponseIterator(self, key, call)
+            self.worker.wait_inline(lambda: not call.sync_queue.empty())
+            response, _ = call.sync_queue.get()
+            return response
         if _on_loop(loop):
             raise pb_utils.TritonModelException(
                 "InferenceRequest.exec() would block the worker's event loop; "
                 "in an 'async def execute' use 'await request.async_exec()'"
             )
         key, call = self._new_call(decoupled, blocking=True)
-        loop.call_soon_threadsafe(self._send, key, request, decoupled, True)
+        send = OneShot(self._send, key, request, decoupled, True)
+        loop.call_soon_threadsafe(send)
         if decoupled:
-            return ResponseIterator(self, key, call)
-        response, _ = call.sync_queue.get()
+            return ResponseIterator(self, key, call, send)
+        response, _ = self.worker.take_off_loop(call.sync_queue, send)
         return response
 
     async def async_exec(self, request, decoupled: bool):
@@ -134,6 +152,10 @@ class BlsClient:
         return key, call
 
     def _send(self, key: int, request, decoupled: bool, blocks: bool) -> None:
+        with self.worker.channel.lock:  # a model thread may be sending too (see inline_channel)
+            self._send_locked(key, request, decoupled, blocks)
+
+    def _send_locked(self, key: int, request, decoupled: bool, blocks: bool) -> None:
         worker = self.worker
         try:
             inputs = [worker.pack_tensor(t) for t in request._inputs]
@@ -200,7 +222,7 @@ class BlsClient:
 
     def _release_now(self, t: messages.Tensor) -> None:
         if t.data is None:
-            self.worker.release_peer_region(t.segment, t.offset)
+            self.worker.call_on_loop(self.worker.release_peer_region, t.segment, t.offset)
 
 
 def _object_array(items: list, shape):

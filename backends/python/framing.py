@@ -32,6 +32,11 @@ class MessageChannel(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        for msg in self._decode(data):
+            self._on_message(msg)
+
+    def _decode(self, data: bytes) -> list:
+        """Append data to the buffer and return the whole messages it now holds."""
         buf = self._buffer
         buf += data
         pos, end = 0, len(buf)
@@ -46,8 +51,7 @@ class MessageChannel(asyncio.Protocol):
                 pos = start + size
         if pos:
             del buf[:pos]
-        for msg in messages:
-            self._on_message(msg)
+        return messages
 
     def connection_lost(self, exc) -> None:
         self.closed = True

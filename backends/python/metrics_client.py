@@ -15,9 +15,9 @@ kernel.metrics.CustomMetrics on behalf of one worker instance.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import logging
+import queue
 import threading
 
 from backends.python import messages
@@ -42,7 +42,7 @@ class MetricsClient:
         self._lock = threading.Lock()
         self._kinds: dict[str, int] = {}
         self._mirror: dict[int, float] = {}
-        self._waiting: dict[int, concurrent.futures.Future] = {}
+        self._waiting: dict[int, queue.SimpleQueue] = {}
         self._outbox: list[messages.MetricOp] = []
         self._flush_pending = False
 
@@ -59,7 +59,7 @@ class MetricsClient:
                 "Error when creating MetricFamily: Family name already exists with different type"
             )
         op = messages.MetricOp(messages.METRIC_FAMILY_NEW, fid, name=name, description=description, kind=kind)
-        if not _on_loop(self.worker.loop):
+        if self._can_wait():
             reply = self._call(op)
             if reply.error:
                 raise pb_utils.TritonModelException(f"Error when creating MetricFamily: {reply.error}")
@@ -91,7 +91,7 @@ class MetricsClient:
         self._send(messages.MetricOp(_OPS[op], metric_id, value))
 
     def value(self, metric_id: int) -> float:
-        if _on_loop(self.worker.loop):
+        if not self._can_wait():
             return self._mirror.get(metric_id, 0.0)
         reply = self._call(messages.MetricOp(messages.METRIC_VALUE, metric_id))
         if reply.error:
@@ -103,16 +103,24 @@ class MetricsClient:
     # ---- plumbing -------------------------------------------------------------------
 
     def _call(self, op: messages.MetricOp) -> messages.MetricReply:
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        answer: queue.SimpleQueue = queue.SimpleQueue()
         with self._lock:
             op.key = next(self._ids)
-            self._waiting[op.key] = future
+            self._waiting[op.key] = answer
         self._send(op)
-        try:
-            return future.result(_REPLY_TIMEOUT_S)
-        except concurrent.futures.TimeoutError:
-            self._waiting.pop(op.key, None)
-            return messages.MetricReply(op.key, error="the server did not answer")
+        if self.worker.pumping_here():
+            # A synchronous execute running on the loop: send now, pump until answered.
+            self._flush()
+            if self.worker.wait_inline(lambda: not answer.empty(), _REPLY_TIMEOUT_S):
+                return answer.get()
+        else:
+            try:
+                # _flush doubles as the send a model thread makes while an inline execute holds the loop.
+                return self.worker.take_off_loop(answer, self._flush, _REPLY_TIMEOUT_S)
+            except queue.Empty:
+                pass
+        self._waiting.pop(op.key, None)
+        return messages.MetricReply(op.key, error="the server did not answer")
 
     def _send(self, op: messages.MetricOp) -> None:
         with self._lock:
@@ -120,7 +128,14 @@ class MetricsClient:
             if self._flush_pending:
                 return
             self._flush_pending = True
-        self.worker.call_on_loop(self._flush)
+        if self.worker.pumping_here():
+            self.worker.loop.call_soon(self._flush)  # batched until the inline execute returns
+        else:
+            self.worker.call_on_loop(self._flush)
+
+    def _can_wait(self) -> bool:
+        """Waiting for a reply is possible off the loop, or on it while an inline execute pumps."""
+        return self.worker.pumping_here() or not _on_loop(self.worker.loop)
 
     def _flush(self) -> None:
         with self._lock:
@@ -133,9 +148,9 @@ class MetricsClient:
                 pass
 
     def on_reply(self, reply: messages.MetricReply) -> None:
-        future = self._waiting.pop(reply.key, None)
-        if future is not None and not future.done():
-            future.set_result(reply)
+        answer = self._waiting.pop(reply.key, None)
+        if answer is not None:
+            answer.put(reply)
 
 
 def handle_ops(instance, registry, ops: list[messages.MetricOp]) -> None:

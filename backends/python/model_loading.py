@@ -15,6 +15,7 @@ import queue
 import threading
 
 from backends.python import messages
+from backends.python.inline_channel import OneShot
 
 import triton_python_backend_utils as pb_utils
 
@@ -44,7 +45,8 @@ class ModelLoadingClient:
 
     def _call(self, msg: messages.ModelControl) -> messages.ModelControlResult:
         loop = self.worker.loop
-        if _on_loop(loop):
+        pumping = self.worker.pumping_here()  # a synchronous execute running on the loop
+        if not pumping and _on_loop(loop):
             # The answer arrives on this very loop: waiting here would wait forever.
             raise pb_utils.TritonModelException(
                 "the model loading API blocks until the server answers, so it cannot be called on the worker's "
@@ -54,8 +56,14 @@ class ModelLoadingClient:
             msg.key = next(self._keys)
         answer: queue.SimpleQueue = queue.SimpleQueue()
         self.calls[msg.key] = answer
-        loop.call_soon_threadsafe(self._send, msg)
-        result = answer.get()
+        if pumping:
+            self._send(msg)
+            self.worker.wait_inline(lambda: not answer.empty())
+            result = answer.get()
+        else:
+            send = OneShot(self._send, msg)
+            loop.call_soon_threadsafe(send)
+            result = self.worker.take_off_loop(answer, send)
         if result.error is not None:
             raise pb_utils.TritonModelException(
                 f"{_WHAT[msg.op]}: Failed to process the request for model '{self.worker.instance_name}', "

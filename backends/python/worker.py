@@ -1,9 +1,14 @@
 """The worker process: runs one instance of a model.py on its own uvloop.
 
 Started by instance.py as `python -m backends.python.worker`. The loop owns the
-channel to the front process; a synchronous `execute` runs on one dedicated
-thread so the loop keeps receiving cancellations (and BLS responses) while the
-model works; an `async def execute` runs on the loop itself, many at a time.
+channel to the front process. An `async def execute` runs on the loop, many at
+a time. A synchronous `execute` runs inline on the loop too (a thread hop each
+way cost more than the whole worker side of a small request); the calls that
+wait for the front meanwhile (BLS, model loading, metric reads,
+is_cancelled) pump the channel themselves, see inline_channel.py. Decoupled
+models, models that answer through response senders and models with is_ready()
+keep one dedicated model thread, so the loop stays free for their own threads'
+responses and readiness checks.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import inspect
 import json
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -30,7 +37,7 @@ from backends.python.bls import BlsClient
 from backends.python.metrics_client import MetricsClient
 from backends.python.model_loading import ModelLoadingClient
 from backends.python.model_thread import ModelThread
-from backends.python.framing import MessageChannel
+from backends.python.inline_channel import InlineChannel
 from kernel import datatypes
 
 import triton_python_backend_utils as pb_utils  # noqa: E402  (model code imports it too)
@@ -91,6 +98,8 @@ class ResponseSink:
         self.worker.call_on_loop(self.worker.send_response, self, response, final)
 
     def is_cancelled(self) -> bool:
+        if not self.cancelled and self.worker.pumping_here():
+            self.worker.poll_inline()  # a Cancel may be waiting in the socket
         return self.cancelled
 
 
@@ -109,7 +118,7 @@ class Worker:
         self.model_file = model_file
         self.instance_name = instance_name
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.channel: MessageChannel | None = None
+        self.channel: InlineChannel | None = None
         self.model = None
         self.model_name = ""
         self.model_version = 0
@@ -133,13 +142,19 @@ class Worker:
         pb_utils._metrics_handler = self.metrics
         self.max_batch_size = 0
         self._executions: list[messages.Execution] = []
+        self.inline_execute = False  # run a synchronous execute on the loop (see _execute_inline)
+        self._inline_busy = False
+        self._loop_thread = 0
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self.model_thread = ModelThread(self.loop)
         self.done = self.loop.create_future()
+        direct_sock = self.channel_sock.dup()
         _, self.channel = await self.loop.create_unix_connection(
-            lambda: MessageChannel(messages.ToWorker, self.on_message, self.on_lost), sock=self.channel_sock
+            lambda: InlineChannel(messages.ToWorker, self.on_message, self.on_lost, direct_sock),
+            sock=self.channel_sock,
         )
         await self.done
 
@@ -150,7 +165,7 @@ class Worker:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is self.loop:
+        if running is self.loop or self.pumping_here():
             fn(*args)
         else:
             self.loop.call_soon_threadsafe(fn, *args)
@@ -159,11 +174,18 @@ class Worker:
 
     def on_lost(self, exc) -> None:
         # The front process is gone: nobody to answer to.
+        if threading.get_ident() != self._loop_thread:  # noticed by a model thread's pump
+            self.loop.call_soon_threadsafe(self.on_lost, exc)
+            return
         if not self.done.done():
             self.done.set_result(None)
 
     def on_message(self, msg) -> None:
         kind = type(msg)
+        if self._inline_busy and kind not in _ANY_THREAD and threading.get_ident() != self._loop_thread:
+            # Read by a model thread while an inline execute holds the loop: the loop handles it later.
+            self.loop.call_soon_threadsafe(self.on_message, msg)
+            return
         if kind is messages.Execute:
             self.execute(msg.requests, msg.trace_key)
         elif kind is messages.Cancel:
@@ -209,6 +231,10 @@ class Worker:
             cls = load_model_class(self.model_file)
             self.model = cls()
             self.async_execute = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
+            # Decoupled models stream from their own threads, and is_ready() must answer while
+            # execute runs: those keep the model thread.
+            self.inline_execute = (not self.async_execute and not self.decoupled
+                                   and not callable(getattr(self.model, "is_ready", None)))
             init = getattr(self.model, "initialize", None)
             if init is not None:
                 if inspect.iscoroutinefunction(init):
@@ -314,8 +340,96 @@ class Worker:
             return
         if self.async_execute:
             asyncio.ensure_future(self._execute_async(requests, keys))
+        elif self._inline_busy:
+            # Read while an inline execute pumps the channel: its sinks exist (cancellations
+            # land), it runs once the current execute has returned.
+            self.loop.call_soon(self._execute_sync, requests, keys)
+        else:
+            self._execute_sync(requests, keys)
+
+    def _execute_sync(self, requests, keys) -> None:
+        if self.inline_execute and self.channel.can_go_direct():
+            self._execute_inline(requests, keys)
         else:
             self.model_thread.call(keys.run, (self.model.execute, requests), self._finish_timed, keys)
+
+    def _execute_inline(self, requests, keys) -> None:
+        """A synchronous execute on the loop itself: no thread hop each way.
+
+        While it runs, the loop is not polling: the calls that wait for the front
+        pump the channel themselves (see pumping_here). The running loop is
+        unset so that model code may run its own asyncio loop, as on a thread.
+        """
+        self._inline_busy = True
+        self.channel.set_direct(True)
+        asyncio.events._set_running_loop(None)
+        try:
+            result = keys.run(self.model.execute, requests)
+            exc = None
+        except BaseException as error:  # noqa: BLE001 - reported like the thread does
+            result, exc = None, error
+        finally:
+            asyncio.events._set_running_loop(self.loop)
+            self.channel.set_direct(False)  # waits for a model thread's direct read or write to end
+            self._inline_busy = False
+        if exc is None and result is None:
+            # Responses go through response senders, maybe from the model's own threads
+            # after execute returned: keep the loop free for them from now on.
+            self.inline_execute = False
+        self._finish_timed(keys, result, exc)
+
+    # ---- waiting for the front inside an inline execute -------------------------
+
+    def pumping_here(self) -> bool:
+        """True on the loop's thread while an inline execute runs: waits must pump the channel."""
+        return self._inline_busy and threading.get_ident() == self._loop_thread
+
+    def wait_inline(self, done, timeout: float | None = None) -> bool:
+        """Dispatch the front's messages until done() (False if timeout seconds pass first)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        asyncio.events._set_running_loop(self.loop)  # handlers may schedule tasks
+        try:
+            while not done():
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self.channel.pump(remaining, done)  # reads at least once, even with no time left
+                if remaining == 0.0:
+                    return done()
+            return True
+        finally:
+            asyncio.events._set_running_loop(None)
+
+    def take_off_loop(self, answers: queue.SimpleQueue, send=None, timeout: float | None = None):
+        """The next item of answers, for a thread other than the loop's (queue.Empty after timeout).
+
+        The loop delivers it, except while an inline execute holds the loop (perhaps
+        joining this very thread): then this thread pumps the channel itself, and
+        makes the request's send (a OneShot also handed to the loop) if the loop
+        has not yet.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ready = lambda: not answers.empty()  # noqa: E731
+        while True:
+            step = _OFF_LOOP_STEP_S if deadline is None else min(_OFF_LOOP_STEP_S, deadline - time.monotonic())
+            if step <= 0:
+                raise queue.Empty
+            if send is not None and self._inline_busy:
+                with self.channel.lock:
+                    if self.channel.direct:
+                        send()
+            if not (self._inline_busy and self.channel.pump(step, ready)):
+                try:
+                    return answers.get(timeout=step)
+                except queue.Empty:
+                    continue
+            if not answers.empty():
+                return answers.get()
+
+    def poll_inline(self) -> None:
+        """Dispatch what already arrived (a Cancel, say) without waiting."""
+        try:
+            self.wait_inline(lambda: False, 0)
+        except ConnectionError:
+            pass
 
     async def _execute_async(self, requests, keys) -> None:
         keys.exec_start = time.monotonic_ns()
@@ -510,6 +624,12 @@ class Worker:
                 self.channel.send(messages.Release(releases))
         except ConnectionError:
             pass
+
+
+# Messages a model thread may handle itself while it pumps the channel (see take_off_loop).
+_ANY_THREAD = frozenset((messages.Cancel, messages.BlsResponses, messages.ModelControlResult,
+                         messages.MetricReply, messages.SegmentAdded))
+_OFF_LOOP_STEP_S = 0.005
 
 
 class _Batch(list):
