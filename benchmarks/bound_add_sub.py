@@ -1,6 +1,6 @@
 """add_sub as a bound Python callable, served by Kernel's PyTriton-compatible API or by real PyTriton.
 
-The same program runs under both (only the import prefix differs), so `pytriton.py` can put
+The same program runs under both (only the import prefix differs), so `bound_callables.py` can put
 Kernel, real PyTriton 0.7 and real Triton's Python backend side by side with perf_analyzer.
 The model matches benchmarks/model_repo/add_sub: INPUT0, INPUT1 FP32 [4] -> OUTPUT0 = sum,
 OUTPUT1 = difference, no batching, one instance.
