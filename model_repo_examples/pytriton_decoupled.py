@@ -1,6 +1,6 @@
 """A PyTriton-style decoupled model on Kernel: a generator streams several responses per request.
 
-    python model_repo_examples/pytriton_decoupled.py [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+    python model_repo_examples/pytriton_decoupled.py    (HTTP :8000, gRPC :8001, metrics :8002)
 
 Serves model "Countdown" until Ctrl-C. Each request holds "start" (INT32,
 [1]); the model answers with one response per step, "value" = start, start-1,
@@ -8,23 +8,14 @@ Serves model "Countdown" until Ctrl-C. Each request holds "start" (INT32,
 (tritonclient start_stream / kernel.client.DecoupledModelClient).
 """
 
-import argparse
 import logging
 
 import numpy as np
 
 from kernel.model_config import ModelConfig, Tensor
-from kernel.triton import Triton, TritonConfig
+from kernel.triton import Triton
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def config_from_argv() -> TritonConfig:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("http", "grpc", "metrics"):
-        parser.add_argument(f"--{name}-port", type=int, default=None)
-    args = parser.parse_args()
-    return TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
 
 
 def countdown(requests):
@@ -37,7 +28,7 @@ def countdown(requests):
 
 
 def main() -> None:
-    with Triton(config=config_from_argv()) as triton:
+    with Triton() as triton:
         triton.bind(
             model_name="Countdown",
             infer_func=countdown,

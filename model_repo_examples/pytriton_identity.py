@@ -1,6 +1,6 @@
 """A PyTriton-style model on Kernel: strings in, the same strings out (BYTES tensors).
 
-    python model_repo_examples/pytriton_identity.py [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+    python model_repo_examples/pytriton_identity.py    (HTTP :8000, gRPC :8001, metrics :8002)
 
 Serves model "Identity" until Ctrl-C: input "text" (BYTES, [-1, 1]) comes back
 as output "text" unchanged; output "length" (INT64) holds each string's byte
@@ -8,23 +8,14 @@ length. The callable takes the raw list of requests (no decorator), one dict
 of numpy arrays per client request.
 """
 
-import argparse
 import logging
 
 import numpy as np
 
 from kernel.model_config import ModelConfig, Tensor
-from kernel.triton import Triton, TritonConfig
+from kernel.triton import Triton
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def config_from_argv() -> TritonConfig:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("http", "grpc", "metrics"):
-        parser.add_argument(f"--{name}-port", type=int, default=None)
-    args = parser.parse_args()
-    return TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
 
 
 def identity(requests):
@@ -37,7 +28,7 @@ def identity(requests):
 
 
 def main() -> None:
-    with Triton(config=config_from_argv()) as triton:
+    with Triton() as triton:
         triton.bind(
             model_name="Identity",
             infer_func=identity,

@@ -1,6 +1,6 @@
 """Several PyTriton-style models in one Kernel server, one of them with two instances.
 
-    python model_repo_examples/pytriton_multiple_models.py [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+    python model_repo_examples/pytriton_multiple_models.py    (HTTP :8000, gRPC :8001, metrics :8002)
 
 Serves until Ctrl-C:
   "Square"   x (FP32, [-1, -1]) -> y = x * x              (@batch)
@@ -8,7 +8,6 @@ Serves until Ctrl-C:
   "Describe" x (FP32, [-1]) -> mean (FP64, [1]) and label (BYTES, [1]), no batching, async callable
 """
 
-import argparse
 import asyncio
 import logging
 
@@ -16,17 +15,9 @@ import numpy as np
 
 from kernel.decorators import batch
 from kernel.model_config import ModelConfig, Tensor
-from kernel.triton import Triton, TritonConfig
+from kernel.triton import Triton
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def config_from_argv() -> TritonConfig:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("http", "grpc", "metrics"):
-        parser.add_argument(f"--{name}-port", type=int, default=None)
-    args = parser.parse_args()
-    return TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
 
 
 @batch
@@ -57,7 +48,7 @@ async def describe(requests):
 
 def main() -> None:
     vector = [Tensor(name="x", dtype=np.float32, shape=(-1,))]
-    with Triton(config=config_from_argv()) as triton:
+    with Triton() as triton:
         triton.bind("Square", square, vector, [Tensor(name="y", dtype=np.float32, shape=(-1,))],
                     config=ModelConfig(max_batch_size=16), strict=True)
         triton.bind("Negate", [Negate(0), Negate(1)], vector, [Tensor(name="y", dtype=np.float32, shape=(-1,))],

@@ -1,6 +1,6 @@
 """A PyTriton-style model on Kernel with optional inputs filled in by @fill_optionals.
 
-    python model_repo_examples/pytriton_optional.py [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+    python model_repo_examples/pytriton_optional.py    (HTTP :8000, gRPC :8001, metrics :8002)
 
 Serves model "Scale" until Ctrl-C: y = x * scale + offset. Input x (FP32,
 [-1, -1]) is required; scale and offset (FP32, [-1, 1]) are optional and
@@ -8,24 +8,15 @@ default to 1 and 0 when a request leaves them out. @fill_optionals adds the
 defaults per request before @batch stacks the requests.
 """
 
-import argparse
 import logging
 
 import numpy as np
 
 from kernel.decorators import batch, fill_optionals
 from kernel.model_config import ModelConfig, Tensor
-from kernel.triton import Triton, TritonConfig
+from kernel.triton import Triton
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def config_from_argv() -> TritonConfig:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("http", "grpc", "metrics"):
-        parser.add_argument(f"--{name}-port", type=int, default=None)
-    args = parser.parse_args()
-    return TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port)
 
 
 @fill_optionals(scale=np.array([1.0], dtype=np.float32), offset=np.array([0.0], dtype=np.float32))
@@ -35,7 +26,7 @@ def scale(x: np.ndarray, scale: np.ndarray, offset: np.ndarray):
 
 
 def main() -> None:
-    with Triton(config=config_from_argv()) as triton:
+    with Triton() as triton:
         triton.bind(
             model_name="Scale",
             infer_func=scale,

@@ -1,6 +1,6 @@
 """A PyTriton-style model on Kernel that reads request parameters and forwarded HTTP headers.
 
-    python model_repo_examples/pytriton_parameters.py [--http-port 8000 --grpc-port 8001 --metrics-port 8002]
+    python model_repo_examples/pytriton_parameters.py    (HTTP :8000, gRPC :8001, metrics :8002)
 
 Serves model "Affine" until Ctrl-C: y = x * <parameter "factor"> + <header
 "x-bias">. Parameters travel in the KServe request's "parameters" object (or
@@ -9,7 +9,6 @@ http_header_forward_pattern / grpc_header_forward_pattern ("x-.*" here) are
 forwarded to the model as string parameters.
 """
 
-import argparse
 import logging
 
 import numpy as np
@@ -18,15 +17,6 @@ from kernel.model_config import ModelConfig, Tensor
 from kernel.triton import Triton, TritonConfig
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def config_from_argv() -> TritonConfig:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name in ("http", "grpc", "metrics"):
-        parser.add_argument(f"--{name}-port", type=int, default=None)
-    args = parser.parse_args()
-    return TritonConfig(http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-                        http_header_forward_pattern="x-.*", grpc_header_forward_pattern="x-.*")
 
 
 def affine(requests):
@@ -39,7 +29,7 @@ def affine(requests):
 
 
 def main() -> None:
-    with Triton(config=config_from_argv()) as triton:
+    with Triton(config=TritonConfig(http_header_forward_pattern="x-.*", grpc_header_forward_pattern="x-.*")) as triton:
         triton.bind(
             model_name="Affine",
             infer_func=affine,

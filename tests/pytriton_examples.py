@@ -22,11 +22,16 @@ class ExampleProcess:
         self.log_path = Path(self.home) / "server.log"
         self._log = open(self.log_path, "w+b")
         self.proc = subprocess.Popen(
-            [sys.executable, str(EXAMPLES / script), "--http-port", str(self.http_port),
-             "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port)],
+            [sys.executable, str(EXAMPLES / script)],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTRITON_HOME": self.home, **(env or {})},
+            env={**os.environ, "PYTRITON_HOME": self.home, **self.port_env(), **(env or {})},
         )
+
+    def port_env(self) -> dict:
+        """The examples take their ports the PyTriton way, from PYTRITON_TRITON_CONFIG_*."""
+        return {"PYTRITON_TRITON_CONFIG_HTTP_PORT": str(self.http_port),
+                "PYTRITON_TRITON_CONFIG_GRPC_PORT": str(self.grpc_port),
+                "PYTRITON_TRITON_CONFIG_METRICS_PORT": str(self.metrics_port)}
 
     @property
     def url(self) -> str:
