@@ -219,6 +219,40 @@ def test_grpc_libraries_apply_restrictions(start_kernel, library):
         client.close()
 
 
+def _refused_streams(url: str, times: int) -> list[str]:
+    """Open `times` asyncio streams without the header; the error each one ends with."""
+    import asyncio
+
+    import tritonclient.grpc.aio as aioclient
+
+    async def run() -> list[str]:
+        errors = []
+        async with aioclient.InferenceServerClient(url) as client:
+            for _ in range(times):
+                async def requests():
+                    yield {"model_name": "add_sub", "inputs": add_sub_inputs(aioclient)}
+                try:
+                    async for _result, _error in client.stream_infer(requests()):
+                        pass
+                    errors.append("no error")
+                except Exception as exc:  # noqa: BLE001 - what the client reports is the assertion
+                    errors.append(f"{getattr(exc, 'code', lambda: None)()}: {getattr(exc, 'details', lambda: exc)()}")
+        return errors
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("library", ["native", "grpclib", "grpcio"])
+def test_refused_streams_always_carry_the_restriction(start_kernel, library):
+    # Refusing a stream before its first message raced the client's first send: grpcio's asyncio
+    # client then reported INTERNAL "Internal error from Core" instead of the refusal.
+    k = start_kernel([EXAMPLES], "--grpc-restricted-protocol=inference:k=v", "--allow-metrics=false",
+                     env={"KERNEL_GRPC_SERVER": library}).wait_ready()
+    expected = "StatusCode.UNAVAILABLE: This protocol is restricted, expecting header 'triton-grpc-protocol-k'"
+    errors = _refused_streams(k.grpc_url, 60)
+    assert errors == [expected] * 60
+
+
 # ---- bad settings stop the server with tritonserver's message ----------------------------------
 
 

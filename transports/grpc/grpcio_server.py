@@ -111,6 +111,11 @@ class GrpcioServer:
         async def guarded(request, context):
             denied = service.restriction_denied(rpc, context.invocation_metadata() or ())
             if denied is not None:
+                if hasattr(request, "__anext__"):  # a stream: refuse after its first message (see grpclib_server)
+                    try:
+                        await request.__anext__()
+                    except Exception:  # noqa: BLE001 - the refusal is the answer either way
+                        pass
                 await context.abort(self.grpc.StatusCode.UNAVAILABLE, grpc_message(denied))
             return await behavior(request, context)
 

@@ -116,6 +116,12 @@ class GrpclibBinding:
         async def guarded(stream) -> None:
             denied = service.restriction_denied(rpc, (stream.metadata or {}).items())
             if denied is not None:
+                # Refuse after the first request message, as tritonserver does: refusing before it
+                # races the client's first send (grpcio's asyncio client then reports INTERNAL).
+                try:
+                    await stream.recv_message()
+                except Exception:  # noqa: BLE001 - the refusal is the answer either way
+                    pass
                 raise GRPCError(Status.UNAVAILABLE, grpc_message(denied))
             await handler(stream)
 

@@ -204,7 +204,7 @@ class _Stream:
     __slots__ = (
         "id", "kind", "req_type", "method", "parts", "have", "need", "messages", "recv_unacked", "send_window",
         "pending", "trailers", "remote_closed", "closed", "headers_sent", "request", "session", "timer",
-        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata",
+        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied",
     )
 
     def __init__(self, stream_id: int, send_window: int):
@@ -232,6 +232,7 @@ class _Stream:
         self.trace = None  # kernel.trace.Trace of a sampled ModelInfer call
         self.started_ns = 0  # when its headers arrived (only taken while tracing is on)
         self.metadata = None  # client metadata of an infer call, kept only when headers are forwarded
+        self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read
 
 
 class _ProtocolError(Exception):
@@ -530,8 +531,12 @@ class GrpcConnection(asyncio.Protocol):
                 path.decode("latin-1"), [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
             )
             if denied is not None:
-                # tritonserver answers a restricted call with UNAVAILABLE.
-                self._finish(s, codec.UNAVAILABLE, grpc_message(denied))
+                # tritonserver answers a restricted call with UNAVAILABLE once it has read the first
+                # request message. Answering at the headers instead races the client's first send,
+                # and grpcio's asyncio client then reports "Internal error from Core".
+                s.denied = grpc_message(denied)
+                if flags & FLAG_END_STREAM:
+                    self._on_end_stream(s)
                 return
         if self.tracer.active:
             s.started_ns = time.monotonic_ns()
@@ -663,6 +668,9 @@ class GrpcConnection(asyncio.Protocol):
         return None
 
     def _on_message(self, s: _Stream, message: bytes) -> None:
+        if s.denied is not None:
+            self._finish(s, codec.UNAVAILABLE, s.denied)
+            return
         if s.kind == STREAM:
             if s.req_type is None:
                 return  # reading stopped at an unparsable message
@@ -683,6 +691,9 @@ class GrpcConnection(asyncio.Protocol):
             return
         s.remote_closed = True
         if s.closed or s.trailers is not None:
+            return
+        if s.denied is not None:
+            self._finish(s, codec.UNAVAILABLE, s.denied)
             return
         if s.parts:
             self._finish(s, codec.INTERNAL, "the request ended inside a message")
