@@ -34,19 +34,13 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-class KernelProcess:
-    """A `kernel serve` subprocess; its combined output is kept for assertions."""
+class ServerProcess:
+    """A server subprocess on three free ports (HTTP, gRPC, metrics); its combined output is kept for assertions."""
 
-    def __init__(self, repos, *extra: str, env=None):
-        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel-test-{self.http_port}.log"
-        args = [sys.executable, "-m", "kernel", "serve"]
-        for r in repos:
-            args += ["--model-repository", str(r)]
-        args += [
-            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-            "--metrics-port", str(self.metrics_port), *extra,
-        ]
+    name = "server"
+
+    def __init__(self, args: list[str], log_path: Path, env=None):
+        self.log_path = log_path
         self._log = open(self.log_path, "w+b")
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
@@ -64,21 +58,26 @@ class KernelProcess:
             self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 60.0) -> "KernelProcess":
+    def wait_until_ok(self, paths: list[str], timeout: float = 60.0):
+        """Wait until every HTTP path answers 200, in order; fail early if the process exits."""
         import urllib.request
 
         deadline = time.time() + timeout
-        while time.time() < deadline:
+        pending = list(paths)
+        while pending and time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"kernel serve exited with {self.proc.returncode}:\n{self.log()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=1) as r:
+                with urllib.request.urlopen(f"http://{self.url}{pending[0]}", timeout=1) as r:
                     if r.status == 200:
-                        return self
+                        pending.pop(0)
+                        continue
             except OSError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError(f"kernel serve did not become ready:\n{self.log()}")
+        if pending:
+            raise RuntimeError(f"{self.name}: {pending} did not become ready:\n{self.log()}")
+        return self
 
     def wait_for_log(self, text: str, times: int = 1, timeout: float = 10.0) -> bool:
         """Whether the log holds `text` at least `times` times within `timeout` seconds."""
@@ -93,6 +92,7 @@ class KernelProcess:
         return self.proc.wait(timeout)
 
     def stop(self, timeout: float = 30.0) -> int:
+        """Ctrl-C, as a user would stop it; killed if it does not end within `timeout`."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
@@ -104,7 +104,28 @@ class KernelProcess:
         return self.proc.returncode
 
 
-def running(k: KernelProcess):
+class KernelProcess(ServerProcess):
+    """A `kernel serve` subprocess."""
+
+    name = "kernel serve"
+
+    def __init__(self, repos, *extra: str, env=None):
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        args = [sys.executable, "-m", "kernel", "serve"]
+        for r in repos:
+            args += ["--model-repository", str(r)]
+        args += [
+            "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+            "--metrics-port", str(self.metrics_port), *extra,
+        ]
+        log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel-test-{self.http_port}.log"
+        super().__init__(args, log_path, env)
+
+    def wait_ready(self, timeout: float = 60.0) -> "KernelProcess":
+        return self.wait_until_ok(["/v2/health/ready"], timeout)
+
+
+def running(k: ServerProcess):
     """Body of a fixture that owns `k`: `yield from running(k)` gives it ready and stops it afterwards."""
     try:
         yield k.wait_ready()
