@@ -25,6 +25,29 @@ OTHER = "OTHER"  # anything else in the core (ensembles report this)
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
 
 
+class ExecutionRecord:
+    """One finished execution, in the shape ModelStats.record_execution reads.
+
+    In-process backends build it; the Python backend's worker sends the same
+    fields in its Execution message.
+    """
+
+    __slots__ = ("batch_size", "start", "input_end", "output_start", "end", "inference_count",
+                 "ok_request_ns", "ok_queue_ns", "fail_ns")
+
+    def __init__(self, batch_size, start, input_end, output_start, end, inference_count, ok_request_ns,
+                 ok_queue_ns, fail_ns):
+        self.batch_size = batch_size
+        self.start = start
+        self.input_end = input_end
+        self.output_start = output_start
+        self.end = end
+        self.inference_count = inference_count
+        self.ok_request_ns = ok_request_ns
+        self.ok_queue_ns = ok_queue_ns
+        self.fail_ns = fail_ns
+
+
 class ModelStats:
     """Cumulative statistics of one model version since it was loaded."""
 
@@ -74,10 +97,11 @@ class ModelStats:
     def record_execution(self, e) -> None:
         """One execution (a batch) finished in a backend.
 
-        `e` has: batch_size, start, input_end, output_start, end (monotonic ns),
-        inference_count, ok_request_ns, ok_queue_ns (one entry per successful
-        request) and fail_ns (one entry per failed request). A batch_size of 0
-        means the backend ran nothing (every request failed before execute).
+        `e` is an ExecutionRecord, or anything with its fields: batch_size,
+        start, input_end, output_start, end (monotonic ns), inference_count,
+        ok_request_ns, ok_queue_ns (one entry per successful request) and
+        fail_ns (one entry per failed request). A batch_size of 0 means the
+        backend ran nothing (every request failed before execute).
         """
         ok = len(e.ok_request_ns)
         d_in = e.input_end - e.start

@@ -12,36 +12,16 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
-
 from kernel.errors import ErrorCode, KernelError
 from kernel.proxy.types import Request
 from kernel.request import InferRequest, InferResponse
-from kernel.stats import batch_size_of
+from kernel.stats import ExecutionRecord, batch_size_of
 from backends.callable.outputs import OutputError
 
 if TYPE_CHECKING:
     from backends.callable.instance import CallableInstance
 
 _now = time.monotonic_ns
-
-
-class ExecutionRecord:
-    """A finished execution, as kernel.stats.ModelStats.record_execution reads it."""
-
-    __slots__ = ("batch_size", "start", "input_end", "output_start", "end", "inference_count",
-                 "ok_request_ns", "ok_queue_ns", "fail_ns")
-
-    def __init__(self, batch_size, start, input_end, output_start, end, inference_count, ok_request_ns,
-                 ok_queue_ns, fail_ns):
-        self.batch_size = batch_size
-        self.start = start
-        self.input_end = input_end
-        self.output_start = output_start
-        self.end = end
-        self.inference_count = inference_count
-        self.ok_request_ns = ok_request_ns
-        self.ok_queue_ns = ok_queue_ns
-        self.fail_ns = fail_ns
 
 
 class Delivery:
