@@ -78,6 +78,9 @@ class Server:
         self.live = False
         self._shutting_down = False
         self._loaded = False
+        # Ready only once every transport listens: a client that saw /v2/health/ready on HTTP
+        # must find the gRPC port open too.
+        self._listening = False
         # Statistics and metrics (kernel.stats, kernel.metrics): custom metric
         # families that models create, and what --metrics-config turns on.
         self.custom_metrics = CustomMetrics()
@@ -92,7 +95,7 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        if not self.live or not self._loaded or self._shutting_down:
+        if not self.live or not self._loaded or not self._listening or self._shutting_down:
             return False
         if not self.options.strict_readiness:
             return True
@@ -466,6 +469,7 @@ class Server:
         for t in self.transports:
             address = await t.start()
             log.info("Started %s at %s", t.service_name, address)
+        self._listening = True
 
     async def stop(self) -> None:
         """Graceful shutdown: refuse new work, drain in-flight requests, finalize models."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import urllib.request
@@ -103,6 +104,27 @@ def test_graceful_shutdown_finishes_in_flight_requests(start_kernel):
     th.join(10)
     np.testing.assert_array_equal(result["out"], np.array([1500], np.int32))
     assert "greeter finalize called" in k.log()
+
+
+def test_busy_grpc_port_fails_start_up_and_is_never_ready(start_kernel):
+    # HTTP starts before gRPC: readiness must wait for every transport, or a client could see
+    # "ready" on HTTP and find nothing listening on the gRPC port.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        k = start_kernel([EXAMPLES], "--grpc-address", "127.0.0.1", "--grpc-port", str(port))
+        seen = set()
+        while k.proc.poll() is None:
+            try:
+                seen.add(_ready(k))
+            except OSError:
+                pass
+            time.sleep(0.01)
+    assert k.wait_exit(30) != 0
+    assert 200 not in seen
+    log = k.log()
+    assert "error: creating server" in log and str(port) in log
 
 
 def test_unknown_flag_is_an_error(start_kernel):
