@@ -194,11 +194,11 @@ class HttpApp:
         request.trace = trace
         future = collect_single_response(request)
         self.server.submit(request)
-        watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, request, future))
+        watch = _DisconnectWatch(receive, request, future)
         try:
             response = await future
         finally:
-            watcher.cancel()
+            watch.close()
         if response is None:
             return  # the client disconnected; the request was cancelled
         if trace is not None:
@@ -211,16 +211,16 @@ class HttpApp:
         if json_length is None:
             await send_response(send, 200, _JSON, body_out)
             return
-        total = sum(len(b) for b in body_out)
+        # One body message: each ASGI body message is a write (a syscall) of its own, and the
+        # parts (often memoryviews) would each be copied to bytes anyway.
+        body = b"".join(body_out)
         headers = [
             (b"content-type", b"application/octet-stream"),
-            (b"inference-header-content-length", str(json_length).encode()),
-            (b"content-length", str(total).encode()),
+            (b"inference-header-content-length", b"%d" % json_length),
+            (b"content-length", b"%d" % len(body)),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        last = len(body_out) - 1
-        for i, part in enumerate(body_out):
-            await send({"type": "http.response.body", "body": bytes(part), "more_body": i != last})
+        await send({"type": "http.response.body", "body": body})
 
     async def _read_body(self, receive) -> Optional[bytes]:
         message = await receive()
@@ -267,14 +267,41 @@ class _MethodNotAllowed(Exception):
     pass
 
 
-async def _cancel_on_disconnect(receive, request, future) -> None:
-    """A client that goes away cancels its request (the model sees is_cancelled())."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            request.cancel()
-            if not future.done():
-                future.set_result(None)
-            return
+class _DisconnectWatch:
+    """A client that goes away cancels its request (the model sees is_cancelled()).
+
+    Watching needs a task blocked in receive(); most requests are answered long before a
+    disconnect could matter, so the task starts only once a request has run for WATCH_AFTER
+    seconds (a timer costs far less than a task created and cancelled on every request).
+    """
+
+    WATCH_AFTER = 0.02
+
+    __slots__ = ("_receive", "_request", "_future", "_timer", "_task")
+
+    def __init__(self, receive, request, future) -> None:
+        self._receive = receive
+        self._request = request
+        self._future = future
+        self._task = None
+        self._timer = asyncio.get_running_loop().call_later(self.WATCH_AFTER, self._start)
+
+    def _start(self) -> None:
+        if not self._future.done():
+            self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self._request.cancel()
+                if not self._future.done():
+                    self._future.set_result(None)
+                return
+
+    def close(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
