@@ -236,10 +236,7 @@ def test_rst_stream_cancels_the_request(server, raw):
     raw.request(1, INFER, grpc_message(request))
     time.sleep(0.3)
     raw.send(frame(RST_STREAM, 0, 1, struct.pack(">L", 0x8)))
-    deadline = time.time() + 10
-    while time.time() < deadline and "cancel_watcher saw cancellation of raw-rst" not in server.log():
-        time.sleep(0.05)
-    assert "cancel_watcher saw cancellation of raw-rst" in server.log()
+    assert server.wait_for_log("cancel_watcher saw cancellation of raw-rst", timeout=10)
     raw.request(3, LIVE, grpc_message(tc_pb.ServerLiveRequest()))  # the connection is still fine
     assert raw.call(3)[2]["grpc-status"] == "0"
 
@@ -253,10 +250,7 @@ def test_dropped_connection_cancels_the_request(server):
     c.request(1, INFER, grpc_message(request))
     time.sleep(0.3)
     c.close()  # no RST_STREAM, no GOAWAY: the TCP connection just goes away
-    deadline = time.time() + 10
-    while time.time() < deadline and "cancel_watcher saw cancellation of raw-drop" not in server.log():
-        time.sleep(0.05)
-    assert "cancel_watcher saw cancellation of raw-drop" in server.log()
+    assert server.wait_for_log("cancel_watcher saw cancellation of raw-drop", timeout=10)
 
 
 def test_grpc_timeout_header(server, raw):
@@ -267,10 +261,7 @@ def test_grpc_timeout_header(server, raw):
     raw.request(1, INFER, grpc_message(request), extra=[("grpc-timeout", "300m")])
     headers, data, trailers = raw.call(1)
     assert (trailers or headers)["grpc-status"] == "4"
-    deadline = time.time() + 10
-    while time.time() < deadline and "cancel_watcher saw cancellation of raw-timeout" not in server.log():
-        time.sleep(0.05)
-    assert "cancel_watcher saw cancellation of raw-timeout" in server.log()
+    assert server.wait_for_log("cancel_watcher saw cancellation of raw-timeout", timeout=10)
 
 
 def test_gzip_compressed_request(raw):

@@ -227,10 +227,7 @@ def test_disconnect_mid_stream_cancels_only_that_client(server):
         a.close(cancel=True)
         got = b.take(n)
         assert [int(r.as_numpy("OUT")[0]) for r, e in got] == list(range(n))
-        deadline = time.time() + 10
-        while time.time() < deadline and "request 'client-a' cancelled after" not in server.log():
-            time.sleep(0.05)
-        assert "request 'client-a' cancelled after" in server.log()
+        assert server.wait_for_log("request 'client-a' cancelled after", timeout=10)
         assert "request 'client-b' cancelled" not in server.log()
         b.send("repeat_int32", _repeat_inputs([42]), request_id="b-again")
         r, e = b.get()
@@ -254,10 +251,7 @@ def test_stream_timeout_cancels_requests(server):
                 error = e
                 break
         assert error is not None and error.status() == "StatusCode.DEADLINE_EXCEEDED"
-        deadline = time.time() + 10
-        while time.time() < deadline and "request 'timed-out' cancelled after" not in server.log():
-            time.sleep(0.05)
-        assert "request 'timed-out' cancelled after" in server.log()
+        assert server.wait_for_log("request 'timed-out' cancelled after", timeout=10)
     finally:
         s.close()
 

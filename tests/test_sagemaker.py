@@ -220,10 +220,7 @@ def test_invocations_response_stream(start_kernel, tmp_path):
                       json=text_request(f"smcancel {words}", delay_ms=250), timeout=30) as s:
         first = next(line for line in s.iter_lines() if line.startswith("data: "))
         assert json.loads(first[6:])["outputs"][0]["data"] == ["smcancel"]
-    deadline = time.time() + 15
-    while time.time() < deadline and "token_stream saw cancellation of 'smcancel'" not in k.log():
-        time.sleep(0.1)
-    assert "token_stream saw cancellation of 'smcancel'" in k.log()
+    assert k.wait_for_log("token_stream saw cancellation of 'smcancel'", timeout=15)
 
 
 @pytest.mark.parametrize("inference_type", ["generate", "generate_stream"])
@@ -498,9 +495,7 @@ def test_multi_model_unload_lets_in_flight_requests_finish(start_kernel, tmp_pat
 
     t = threading.Thread(target=invoke)
     t.start()
-    deadline = time.time() + 30
-    while time.time() < deadline and "unload_probe is executing" not in k.log():
-        time.sleep(0.05)
+    assert k.wait_for_log("unload_probe is executing", timeout=30)
     assert c.delete("/models/slow").status_code == 200  # waits for the request in flight
     t.join(60)
     assert result["response"].status_code == 200, result["response"].text
