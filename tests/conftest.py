@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -18,12 +19,24 @@ EXAMPLES = ROOT / "model_repo_examples"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 
 
+# Servers under test listen below the kernel's ephemeral range (32768-60999 by default): a port
+# picked there could be taken by some client's outgoing connection before the server binds it.
+_SERVER_PORTS = range(20000, 32000)
+_port_picker = random.Random(os.getpid())
+
+
 def free_ports(n: int) -> list[int]:
     """n distinct free ports: all sockets stay bound until every port is chosen."""
-    socks = [socket.socket() for _ in range(n)]
+    socks = []
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
+        while len(socks) < n:
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", _port_picker.choice(_SERVER_PORTS)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
