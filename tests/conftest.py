@@ -21,22 +21,31 @@ TEST_MODELS = Path(__file__).resolve().parent / "models"
 
 # Servers under test listen below the kernel's ephemeral range (32768-60999 by default): a port
 # picked there could be taken by some client's outgoing connection before the server binds it.
+# A port is handed out once per test run: two picks in a row (a SageMaker port, then a server's
+# own three) must never name the same port, though each was free when it was picked.
 _SERVER_PORTS = range(20000, 32000)
 _port_picker = random.Random(os.getpid())
+_handed_out: set[int] = set()
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free ports: all sockets stay bound until every port is chosen."""
+    """n distinct free ports, none handed out before in this run."""
+    if len(_handed_out) + n > len(_SERVER_PORTS) // 2:
+        _handed_out.clear()  # thousands of servers later, the first ones are long gone
     socks = []
     try:
         while len(socks) < n:
+            port = _port_picker.choice(_SERVER_PORTS)
+            if port in _handed_out:
+                continue
             s = socket.socket()
             try:
-                s.bind(("127.0.0.1", _port_picker.choice(_SERVER_PORTS)))
+                s.bind(("127.0.0.1", port))
             except OSError:
                 s.close()
                 continue
             socks.append(s)
+            _handed_out.add(port)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
