@@ -76,6 +76,9 @@ class InProcessServer:
 
     def stop(self, timeout: Optional[float] = None) -> None:
         """Graceful stop (in-flight requests finish within --exit-timeout-secs); returns when it is done."""
+        # Stopped while starting (Ctrl-C during start()): let start-up finish first, so that
+        # the shutdown does not run alongside it.
+        self._started.wait(timeout)
         loop, thread = self._loop, self._thread
         if loop is None or thread is None or not thread.is_alive():
             return

@@ -172,17 +172,19 @@ class Triton:
 
     def serve(self, monitoring_period_s: float = MONITORING_PERIOD_S) -> None:
         """Run the server and block until it stops (Ctrl-C, stop() from another thread, or a fatal error)."""
-        self._run_server()
-        self.connect()
         terminated = threading.Event()
         restore = _on_sigterm(lambda: self._wake(terminated))
         try:
-            with self._cv:
-                try:
+            # Ctrl-C may come as soon as the models answer ready, before the wait below.
+            try:
+                self._run_server()
+                self.connect()
+                LOGGER.info("Serving until SIGINT (Ctrl-C) or SIGTERM.")
+                with self._cv:
                     while self.is_alive() and not terminated.is_set():
                         self._cv.wait(timeout=monitoring_period_s)
-                except KeyboardInterrupt:
-                    LOGGER.info("SIGINT received, exiting.")
+            except KeyboardInterrupt:
+                LOGGER.info("SIGINT received, exiting.")
             if terminated.is_set():
                 LOGGER.info("SIGTERM received, exiting.")
             self.stop()
@@ -292,6 +294,12 @@ class Triton:
                 backend_holder[0].close()
             message, models_failed = self._startup_failure(runtime, exc)
             raise (PyTritonModelConfigError if models_failed else PyTritonRuntimeError)(message) from None
+        except KeyboardInterrupt:
+            # Ctrl-C while starting: nothing may keep serving behind the caller's back.
+            runtime.stop()
+            if backend_holder:
+                backend_holder[0].close()
+            raise
         self._runtime = runtime
         self._backend = backend_holder[0]
         with self._cv:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 
 import numpy as np
 import pytest
@@ -128,9 +129,22 @@ def test_add_sub_stops_on_ctrl_c():
     from pytriton_examples import ExampleProcess
 
     example = ExampleProcess("pytriton_add_sub.py", ["AddSub"]).wait_ready()
-    assert example.stop() == 0
+    assert example.wait_for_log("Serving until SIGINT")
+    assert example.stop() == 0, example.log()
     assert "successfully unloaded 'AddSub'" in example.log()
     assert not any(p.name.startswith("workspace_") for p in os.scandir(example.home))  # workspace removed
+
+
+def test_ctrl_c_while_starting_leaves_nothing_behind():
+    # Ctrl-C as soon as the server answers at all: mid start-up (the program ends with
+    # KeyboardInterrupt, as any Python program does there) or once serving (a clean exit).
+    from pytriton_examples import ExampleProcess
+
+    example = ExampleProcess("pytriton_add_sub.py", ["AddSub"]).wait_until_ok(["/v2/health/live"])
+    code = example.stop()
+    log = example.log()
+    assert code == 0 or (code == -signal.SIGINT and log.rstrip().endswith("KeyboardInterrupt")), log
+    assert not any(p.name.startswith("workspace_") for p in os.scandir(example.home))
 
 
 # ---- identity: BYTES tensors ---------------------------------------------------------------------
