@@ -98,7 +98,7 @@ def test_graceful_shutdown_finishes_in_flight_requests(start_kernel):
 
     th = threading.Thread(target=call)
     th.start()
-    time.sleep(0.5)
+    assert k.wait_for_log("greeter executing delay=1500", timeout=30)
     assert k.stop() == 0
     th.join(10)
     np.testing.assert_array_equal(result["out"], np.array([1500], np.int32))

@@ -17,6 +17,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             delay = int(pb_utils.get_input_tensor_by_name(request, "DELAY_MS").as_numpy()[0])
+            print(f"greeter executing delay={delay}", flush=True)
             time.sleep(delay / 1000)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("DONE", np.array([delay], np.int32))]))
         return responses
