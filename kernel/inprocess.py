@@ -78,7 +78,8 @@ class InProcessServer:
         """Graceful stop (in-flight requests finish within --exit-timeout-secs); returns when it is done."""
         # Stopped while starting (Ctrl-C during start()): let start-up finish first, so that
         # the shutdown does not run alongside it.
-        self._started.wait(timeout)
+        while self._thread is not None and self._thread.is_alive() and not self._started.wait(0.05):
+            pass
         loop, thread = self._loop, self._thread
         if loop is None or thread is None or not thread.is_alive():
             return
