@@ -7,7 +7,6 @@ small enough to read at a glance below.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import zlib
 from typing import Optional
@@ -18,6 +17,7 @@ from kernel.restrictions import Category, Restrictions, http_message
 from kernel.server import Server
 from transports.asgi import lifespan, send_error, send_json, send_response, send_status
 from transports.http import codec, generate, repository, settings, shared_memory
+from transports.http.disconnect import DisconnectWatch
 from transports.restricted import http_category
 
 log = logging.getLogger("kernel.http")
@@ -31,6 +31,8 @@ _STATUS = {
 }
 
 _JSON = [(b"content-type", b"application/json")]
+# Infer requests answered sooner never start a disconnect-watching task (transports/http/disconnect.py).
+_WATCH_AFTER_S = 0.02
 _EMPTY_OK = {"type": "http.response.body", "body": b""}
 
 
@@ -194,7 +196,8 @@ class HttpApp:
         request.trace = trace
         future = collect_single_response(request)
         self.server.submit(request)
-        watch = _DisconnectWatch(receive, request, future)
+        watch = DisconnectWatch(receive, request, lambda: future.done() or future.set_result(None),
+                                start_after=_WATCH_AFTER_S)
         try:
             response = await future
         finally:
@@ -265,43 +268,5 @@ class HttpApp:
 
 class _MethodNotAllowed(Exception):
     pass
-
-
-class _DisconnectWatch:
-    """A client that goes away cancels its request (the model sees is_cancelled()).
-
-    Watching needs a task blocked in receive(); most requests are answered long before a
-    disconnect could matter, so the task starts only once a request has run for WATCH_AFTER
-    seconds (a timer costs far less than a task created and cancelled on every request).
-    """
-
-    WATCH_AFTER = 0.02
-
-    __slots__ = ("_receive", "_request", "_future", "_timer", "_task")
-
-    def __init__(self, receive, request, future) -> None:
-        self._receive = receive
-        self._request = request
-        self._future = future
-        self._task = None
-        self._timer = asyncio.get_running_loop().call_later(self.WATCH_AFTER, self._start)
-
-    def _start(self) -> None:
-        if not self._future.done():
-            self._task = asyncio.ensure_future(self._watch())
-
-    async def _watch(self) -> None:
-        while True:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                self._request.cancel()
-                if not self._future.done():
-                    self._future.set_result(None)
-                return
-
-    def close(self) -> None:
-        self._timer.cancel()
-        if self._task is not None:
-            self._task.cancel()
 
 

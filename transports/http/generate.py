@@ -26,6 +26,7 @@ from kernel.errors import ErrorCode, KernelError
 from kernel.request import InferRequest, InferResponse, InferTensor
 from transports.asgi import JSON_HEADERS, send_error, send_response
 from transports.http import codec
+from transports.http.disconnect import DisconnectWatch
 
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 _PARAMETERS = "parameters"
@@ -65,24 +66,15 @@ class ResponseQueue:
         self.request = request
         self.queue: asyncio.Queue = asyncio.Queue()
         request.on_response = self.queue.put_nowait
-        self._watcher: Optional[asyncio.Future] = None
+        self._watcher: Optional[DisconnectWatch] = None
 
     def watch_disconnect(self, receive) -> None:
         """A client that goes away cancels the request and ends the wait."""
-
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    self.request.cancel()
-                    self.queue.put_nowait(_DISCONNECTED)
-                    return
-
-        self._watcher = asyncio.ensure_future(watch())
+        self._watcher = DisconnectWatch(receive, self.request, lambda: self.queue.put_nowait(_DISCONNECTED))
 
     def close(self) -> None:
         if self._watcher is not None:
-            self._watcher.cancel()
+            self._watcher.close()
 
     async def get(self):
         """The next response, or None once the client has disconnected."""
