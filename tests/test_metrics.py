@@ -5,7 +5,6 @@ prometheus_client's own parser."""
 from __future__ import annotations
 
 import socket
-import time
 import urllib.error
 import urllib.request
 
@@ -32,19 +31,7 @@ def client(kernel):
     c.close()
 
 
-def wait_for_metrics_port(k, timeout: float = 30.0) -> None:
-    """The metrics service starts after the HTTP one (as in tritonserver): wait for it too."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", k.metrics_port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError("the metrics port never opened")
-
-
 def scrape_text(k) -> str:
-    wait_for_metrics_port(k)
     with urllib.request.urlopen(f"http://localhost:{k.metrics_port}/metrics") as r:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/plain")
@@ -153,7 +140,6 @@ def _batched_inputs():
 
 
 def test_other_paths_and_methods(kernel):
-    wait_for_metrics_port(kernel)
     with urllib.request.urlopen(f"http://localhost:{kernel.metrics_port}/elsewhere") as r:
         assert r.status == 200 and r.read() == b""
     req = urllib.request.Request(f"http://localhost:{kernel.metrics_port}/metrics", data=b"", method="POST")
