@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,26 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def wait_until_ok(server, urls: list[str], timeout: float = 60.0) -> None:
+    """Wait until every URL answers 200, in order; fail early if `server.proc` exits (its log() is shown)."""
+    name = getattr(server, "name", "server")
+    deadline = time.time() + timeout
+    pending = list(urls)
+    while pending and time.time() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {server.proc.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(pending[0], timeout=1) as r:
+                if r.status == 200:
+                    pending.pop(0)
+                    continue
+        except OSError:
+            pass
+        time.sleep(0.05)
+    if pending:
+        raise RuntimeError(f"{name}: {pending} did not become ready:\n{server.log()}")
+
+
 class ServerProcess:
     """A server subprocess on three free ports (HTTP, gRPC, metrics); its combined output is kept for assertions."""
 
@@ -81,24 +102,8 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_until_ok(self, paths: list[str], timeout: float = 60.0):
-        """Wait until every HTTP path answers 200, in order; fail early if the process exits."""
-        import urllib.request
-
-        deadline = time.time() + timeout
-        pending = list(paths)
-        while pending and time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(f"http://{self.url}{pending[0]}", timeout=1) as r:
-                    if r.status == 200:
-                        pending.pop(0)
-                        continue
-            except OSError:
-                pass
-            time.sleep(0.05)
-        if pending:
-            raise RuntimeError(f"{self.name}: {pending} did not become ready:\n{self.log()}")
+        """Wait until every path on the HTTP port answers 200, in order; fail early if the process exits."""
+        wait_until_ok(self, [f"http://{self.url}{p}" for p in paths], timeout)
         return self
 
     def wait_for_log(self, text: str, times: int = 1, timeout: float = 10.0) -> bool:

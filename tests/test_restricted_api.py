@@ -5,7 +5,6 @@ configured header; everything else stays open."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 
@@ -16,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLES, free_port, serving
+from conftest import EXAMPLES, free_port, serving, wait_until_ok
 
 ADMIN = {"admin-key": "secret"}
 REPO_KEY = {"repo-key": "r"}
@@ -287,21 +286,6 @@ ADD_SUB_JSON = {
 }
 
 
-def _wait_ok(url: str, k, timeout: float = 60) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if k.proc.poll() is not None:
-            raise RuntimeError(f"kernel serve exited:\n{k.log()}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer:\n{k.log()}")
-
-
 def _post(url: str, doc: dict, headers=None):
     req = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST",
                                  headers={"content-type": "application/json", **(headers or {})})
@@ -316,7 +300,7 @@ def test_sagemaker_invocations_follow_http_restrictions(start_kernel):
     port = free_port()
     k = start_kernel([EXAMPLES], "--allow-sagemaker=true", f"--sagemaker-port={port}",
                      "--http-restricted-api=inference:k=v", env={"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "add_sub"})
-    _wait_ok(f"http://localhost:{port}/ping", k)  # /ping is in no group
+    wait_until_ok(k, [f"http://localhost:{port}/ping"])  # /ping is in no group
     status, body = _post(f"http://localhost:{port}/invocations", ADD_SUB_JSON)
     assert (status, body) == (403, {"error": "This API is restricted, expecting header 'k'"})
     status, body = _post(f"http://localhost:{port}/invocations", ADD_SUB_JSON, {"k": "v"})
@@ -330,7 +314,7 @@ def test_vertex_redirects_follow_http_restrictions(start_kernel):
            "AIP_PREDICT_ROUTE": predict}
     k = start_kernel([EXAMPLES], "--vertex-ai-default-model=add_sub", "--http-restricted-api=model-config:k=v",
                      env=env)
-    _wait_ok(f"http://localhost:{port}{health}", k)
+    wait_until_ok(k, [f"http://localhost:{port}{health}"])
     redirect = {"X-Vertex-Ai-Triton-Redirect": "v2/models/add_sub/config"}
     status, body = _post(f"http://localhost:{port}{predict}", {}, redirect)
     assert (status, body) == (403, {"error": "This API is restricted, expecting header 'k'"})

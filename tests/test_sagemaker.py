@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLES, ROOT, TEST_MODELS, KernelProcess, copy_model, free_port
+from conftest import EXAMPLES, ROOT, TEST_MODELS, KernelProcess, copy_model, free_port, wait_until_ok
 
 CLOUD = TEST_MODELS / "cloud"
 BAD = TEST_MODELS / "bad"
@@ -37,24 +36,10 @@ def text_request(text: str, **extra) -> dict:
     return {"inputs": inputs}
 
 
-def wait_for(url: str, proc, log, timeout: float = 60.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log()}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer 200:\n{log()}")
-
-
 def sagemaker(start_kernel, repos, *flags, env=None):
     port = free_port()
     k = start_kernel(repos, "--allow-sagemaker=true", f"--sagemaker-port={port}", *flags, env=env)
-    wait_for(f"http://localhost:{port}/ping", k.proc, k.log)
+    wait_until_ok(k, [f"http://localhost:{port}/ping"])
     return k, httpx.Client(base_url=f"http://localhost:{port}", timeout=30)
 
 
@@ -97,7 +82,7 @@ def shared(tmp_path_factory):
     k = KernelProcess([repo], "--allow-sagemaker=true", f"--sagemaker-port={port}",
                       env={"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "add_sub"})
     try:
-        wait_for(f"http://localhost:{port}/ping", k.proc, k.log)
+        wait_until_ok(k, [f"http://localhost:{port}/ping"])
         with httpx.Client(base_url=f"http://localhost:{port}", timeout=30) as c:
             yield c
     finally:
@@ -377,7 +362,7 @@ class ServeProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_ready(self) -> "ServeProcess":
-        wait_for(f"http://localhost:{self.port}/ping", self.proc, self.log)
+        wait_until_ok(self, [f"http://localhost:{self.port}/ping"])
         return self
 
     def stop(self) -> None:

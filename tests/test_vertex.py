@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLES, TEST_MODELS, KernelProcess, copy_model, free_port
+from conftest import EXAMPLES, TEST_MODELS, KernelProcess, copy_model, free_port, wait_until_ok
 
 CLOUD = TEST_MODELS / "cloud"
 MIME = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
@@ -39,18 +38,9 @@ def repo_with(tmp_path: Path, *models: Path) -> Path:
     return repo
 
 
-def wait_health(k, port: int, timeout: float = 60) -> httpx.Client:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if k.proc.poll() is not None:
-            raise RuntimeError(f"kernel serve exited with {k.proc.returncode}:\n{k.log()}")
-        try:
-            if httpx.get(f"http://localhost:{port}{HEALTH}", timeout=1).status_code == 200:
-                return httpx.Client(base_url=f"http://localhost:{port}", timeout=30)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"Vertex AI endpoint did not become healthy:\n{k.log()}")
+def wait_health(k, port: int) -> httpx.Client:
+    wait_until_ok(k, [f"http://localhost:{port}{HEALTH}"])
+    return httpx.Client(base_url=f"http://localhost:{port}", timeout=30)
 
 
 def vertex(start_kernel, repos, *flags, **extra_env):
