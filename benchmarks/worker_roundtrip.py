@@ -1,6 +1,6 @@
 """One worker process's share of a request: Execute -> Responses round trips, one at a time.
 
-Drives `python -m backends.python.worker` for benchmarks/model_repo/add_sub directly over
+Drives `python -m kernel.backends.python.worker` for benchmarks/model_repo/add_sub directly over
 its socket (no front process, no HTTP/gRPC), so the figure is the worker side alone and
 moves little with the load of the box. Usage: python benchmarks/worker_roundtrip.py [N]
 """
@@ -10,11 +10,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import msgspec, numpy as np  # noqa: E401,E402
-from backends.python import messages  # noqa: E402
+from kernel.backends.python import messages  # noqa: E402
 REPO = str(ROOT / "benchmarks" / "model_repo")
 front, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 fdf, fdw = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-p = subprocess.Popen([sys.executable, "-m", "backends.python.worker", "--channel-fd", str(worker.fileno()),
+p = subprocess.Popen([sys.executable, "-m", "kernel.backends.python.worker", "--channel-fd", str(worker.fileno()),
     "--fd-channel-fd", str(fdw.fileno()), "--model-file", f"{REPO}/add_sub/1/model.py", "--instance-name", "add_sub_0_0"],
     pass_fds=(worker.fileno(), fdw.fileno()), cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)))
 worker.close(); fdw.close()

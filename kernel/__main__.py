@@ -1,5 +1,5 @@
 import sys
 
-from kernel.cli import main
+from kernel.serve.cli import main
 
 sys.exit(main())

@@ -24,7 +24,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from kernel.decorators import TritonContext
-from kernel.errors import KernelError
+from kernel.core.errors import KernelError
 from kernel.exceptions import (
     PyTritonInvalidOperationError,
     PyTritonModelConfigError,
@@ -81,8 +81,8 @@ class Triton:
         self._triton_context = TritonContext()
         self._models: Dict[Tuple[str, int], BoundCallables] = {}
         self._cv = threading.Condition()
-        self._runtime = None  # kernel.inprocess.InProcessServer once started
-        self._backend = None  # backends.callable.CallableBackend of the running server
+        self._runtime = None  # kernel.serve.inprocess.InProcessServer once started
+        self._backend = None  # kernel.backends.callable.CallableBackend of the running server
         self._stopped = True
         self._connected = False
         self._log_verbose = self._config.log_verbose or 0
@@ -143,7 +143,7 @@ class Triton:
                 raise
 
     def _bound_model(self, model: BoundCallables):
-        from backends.callable import BoundModel
+        from kernel.backends.callable import BoundModel
 
         c = model.triton_model_config
         return BoundModel(
@@ -260,9 +260,9 @@ class Triton:
     def _run_server(self) -> None:
         if self._runtime is not None and self._runtime.is_alive():
             return
-        from backends.callable import CallableBackend
-        from kernel.inprocess import InProcessServer, ServerArgumentError, parse_args
-        from kernel.server import StartupError
+        from kernel.backends.callable import CallableBackend
+        from kernel.serve.inprocess import InProcessServer, ServerArgumentError, parse_args
+        from kernel.core.server import StartupError
 
         argv = server_argv(self._config, self._workspace.model_store_path, self._security_config)
         try:

@@ -229,7 +229,7 @@ def _warn_once(field: str, why: str) -> None:
 def server_argv(config: TritonConfig, model_store: pathlib.Path,
                 security: Optional[TritonSecurityConfig]) -> list[str]:
     """`kernel serve` arguments for this configuration, serving `model_store` (and config.model_repository)."""
-    from kernel import cli
+    from kernel.serve import cli
 
     argv = ["serve", f"--model-repository={model_store}"]
     security_flags = _security_flags(security)

@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Union
 
 import numpy as np
 
-from kernel import datatypes
+from kernel.core import datatypes
 from kernel.decorators import TritonContext
 from kernel.exceptions import PyTritonBadParameterError, PyTritonValidationError
 from kernel.model_config.common import DeviceKind

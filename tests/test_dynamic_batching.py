@@ -208,9 +208,9 @@ class _FakeInstance:
 
 
 def _model(config_text: str):
-    from kernel import config_pbtxt as model_config
-    from kernel.backend import ModelSource
-    from kernel.model import Model
+    from kernel.config import pbtxt as model_config
+    from kernel.core.backend import ModelSource
+    from kernel.core.model import Model
 
     cfg = model_config.parse_config_text(config_text, "config.pbtxt")
     model_config.normalize_config(cfg, cfg.name)
@@ -229,7 +229,7 @@ dynamic_batching { %s }
 
 
 def _request(priority=0, rows=1):
-    from kernel.request import InferRequest, InferTensor
+    from kernel.core.request import InferRequest, InferTensor
 
     r = InferRequest("m", inputs=[InferTensor("X", "FP32", (rows, 2), raw=bytes(8 * rows))], priority=priority)
     r.on_response = lambda response: None
@@ -237,7 +237,7 @@ def _request(priority=0, rows=1):
 
 
 async def test_batcher_waits_for_a_free_instance_and_takes_everything_queued():
-    from kernel.dynamic_batcher import DynamicBatcher
+    from kernel.core.scheduling.dynamic import DynamicBatcher
 
     model = _model(_BATCH_CFG % "")
     inst = _FakeInstance()
@@ -256,7 +256,7 @@ async def test_batcher_waits_for_a_free_instance_and_takes_everything_queued():
 
 
 async def test_batcher_respects_max_batch_size_and_preferred_sizes():
-    from kernel.dynamic_batcher import DynamicBatcher
+    from kernel.core.scheduling.dynamic import DynamicBatcher
 
     model = _model(_BATCH_CFG % "preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 10000000")
     inst = _FakeInstance()
@@ -272,7 +272,7 @@ async def test_batcher_respects_max_batch_size_and_preferred_sizes():
 
 
 async def test_batcher_counts_rows_against_max_batch_size():
-    from kernel.dynamic_batcher import DynamicBatcher
+    from kernel.core.scheduling.dynamic import DynamicBatcher
 
     model = _model(_BATCH_CFG % "")
     inst = _FakeInstance()
@@ -285,7 +285,7 @@ async def test_batcher_counts_rows_against_max_batch_size():
 
 
 async def test_batcher_serves_priority_levels_in_order():
-    from kernel.dynamic_batcher import DynamicBatcher
+    from kernel.core.scheduling.dynamic import DynamicBatcher
 
     model = _model(_BATCH_CFG.replace("max_batch_size: 8", "max_batch_size: 1")
                    % "priority_levels: 3 default_priority_level: 3")
@@ -303,8 +303,8 @@ async def test_batcher_serves_priority_levels_in_order():
 
 
 async def test_orderer_releases_responses_in_request_order():
-    from kernel.dynamic_batcher import _Orderer
-    from kernel.request import InferResponse
+    from kernel.core.scheduling.dynamic import _Orderer
+    from kernel.core.request import InferResponse
 
     got = []
     requests = [_request() for _ in range(3)]
@@ -321,7 +321,7 @@ async def test_orderer_releases_responses_in_request_order():
 
 
 async def test_direct_scheduler_keeps_every_instance_busy():
-    from kernel.scheduler import DirectScheduler
+    from kernel.core.scheduling.direct import DirectScheduler
 
     a, b = _FakeInstance("a"), _FakeInstance("b")
     sched = DirectScheduler("m", [a, b])

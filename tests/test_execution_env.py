@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from backends.python import envarchive
+from kernel.backends.python import envarchive
 from conftest import KernelProcess
 
 ENV_MODEL = Path(__file__).resolve().parent / "execution_env" / "env_model.py"

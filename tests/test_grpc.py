@@ -632,8 +632,8 @@ class _InProcessGrpc:
     def __init__(self, repo, **settings):
         import threading
 
-        from kernel.server import Server, ServerOptions
-        from transports.grpc import GrpcTransport
+        from kernel.core.server import Server, ServerOptions
+        from kernel.transports.grpc import GrpcTransport
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -690,7 +690,7 @@ def test_mutual_tls(certs, tmp_path):
 
 
 def test_tls_without_certificate_files_fails_to_start(tmp_path):
-    from transports.grpc import GrpcOptions
+    from kernel.transports.grpc import GrpcOptions
 
     with pytest.raises(OSError):
         GrpcOptions(use_ssl=True).ssl_context()
@@ -702,7 +702,7 @@ def test_tls_without_certificate_files_fails_to_start(tmp_path):
 def test_options_from_command_line_namespace():
     import argparse
 
-    from transports.grpc import GrpcOptions
+    from kernel.transports.grpc import GrpcOptions
 
     ns = argparse.Namespace(grpc_keepalive_time=1000, grpc_keepalive_timeout=500,
                             grpc_keepalive_permit_without_calls=True, grpc_http2_max_pings_without_data=0,

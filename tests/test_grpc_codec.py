@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferResponse, InferTensor
-from transports.grpc import codec
-from transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferResponse, InferTensor
+from kernel.transports.grpc import codec
+from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 
 
 def _reference(response: InferResponse, final=None) -> pb.ModelInferResponse:

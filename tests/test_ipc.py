@@ -10,9 +10,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from backends.python import messages, wire
-from backends.python.arena import Arena, PeerArena
-from backends.python.framing import MessageChannel
+from kernel.backends.python import messages, wire
+from kernel.backends.python.arena import Arena, PeerArena
+from kernel.backends.python.framing import MessageChannel
 
 
 def test_framing_reassembles_split_and_coalesced_frames():

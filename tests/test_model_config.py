@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel import config_pbtxt as mc
-from kernel.errors import ErrorCode, KernelError
+from kernel.config import pbtxt as mc
+from kernel.core.errors import ErrorCode, KernelError
 from kernel.protos.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
 # --------------------------------------------------------------------------- fixtures

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel import config_pbtxt as mc
-from kernel.errors import ErrorCode, KernelError
-from kernel.repository import (
+from kernel.config import pbtxt as mc
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.loading.repository import (
     ModelDir,
     load_model_config,
     parse_version,

@@ -345,7 +345,7 @@ def test_multi_model_routes_need_multi_model_mode(start_kernel, tmp_path):
 
 
 class ServeProcess:
-    """`python -m transports.sagemaker.serve` with a SageMaker environment."""
+    """`python -m kernel.serve.sagemaker` with a SageMaker environment."""
 
     def __init__(self, tmp_path: Path, env: dict, *args: str):
         self.port = free_port()
@@ -353,7 +353,7 @@ class ServeProcess:
         self._log = open(self.log_path, "w+b")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEMAKER_", "AIP_"))}
         full_env.update({"SAGEMAKER_BIND_TO_PORT": str(self.port), **env})
-        self.proc = subprocess.Popen([sys.executable, "-m", "transports.sagemaker.serve", "serve", *args], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "kernel.serve.sagemaker", "serve", *args], cwd=ROOT,
                                      stdout=self._log, stderr=subprocess.STDOUT, env=full_env)
         self.client = httpx.Client(base_url=f"http://localhost:{self.port}", timeout=30)
 

@@ -14,11 +14,11 @@ from urllib.parse import quote
 
 import msgspec
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.restrictions import Restrictions
-from kernel.server import Server
-from transports.http.app import HttpApp
-from transports.http.transport import HttpTransport
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.transports.restrictions import Restrictions
+from kernel.core.server import Server
+from kernel.transports.http.app import HttpApp
+from kernel.transports.http.transport import HttpTransport
 
 IHCL = b"inference-header-content-length"
 

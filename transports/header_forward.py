@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest
 
 RESERVED_PARAMETERS = frozenset({
     "sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output",

@@ -5,7 +5,7 @@ Triton's Python backend. The values are owned by the server process, which
 shows them on its /metrics endpoint; inside a Kernel worker every operation is
 forwarded there by the handler installed as ``_metrics_handler``.
 
-Handler contract (the worker's backends.python.metrics_client.MetricsClient)::
+Handler contract (the worker's kernel.backends.python.metrics_client.MetricsClient)::
 
     family_new(name, description, kind) -> family id     # may raise TritonModelException
     family_delete(family_id)

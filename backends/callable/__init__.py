@@ -1,5 +1,5 @@
 """Bound Python callables (Triton.bind) served inside the server's own process."""
 
-from backends.callable.backend import BoundModel, CallableBackend
+from kernel.backends.callable.backend import BoundModel, CallableBackend
 
 __all__ = ["BoundModel", "CallableBackend"]

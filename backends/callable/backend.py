@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from kernel.backend import Backend, BackendInstance, ModelSource
-from kernel.errors import ErrorCode, KernelError
-from backends.callable.inbox import LoopInbox
-from backends.callable.instance import CallableInstance
-from backends.callable.outputs import OutputError, ResultConverter, output_spec
-from backends.callable.runner import AsyncRunner
+from kernel.core.backend import Backend, BackendInstance, ModelSource
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.backends.callable.inbox import LoopInbox
+from kernel.backends.callable.instance import CallableInstance
+from kernel.backends.callable.outputs import OutputError, ResultConverter, output_spec
+from kernel.backends.callable.runner import AsyncRunner
 
 
 @dataclass

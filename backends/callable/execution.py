@@ -12,14 +12,14 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
-from kernel.errors import ErrorCode, KernelError
+from kernel.core.errors import ErrorCode, KernelError
 from kernel.proxy.types import Request
-from kernel.request import InferRequest, InferResponse
-from kernel.stats import ExecutionRecord, batch_size_of
-from backends.callable.outputs import OutputError
+from kernel.core.request import InferRequest, InferResponse
+from kernel.core.stats import ExecutionRecord, batch_size_of
+from kernel.backends.callable.outputs import OutputError
 
 if TYPE_CHECKING:
-    from backends.callable.instance import CallableInstance
+    from kernel.backends.callable.instance import CallableInstance
 
 _now = time.monotonic_ns
 

@@ -16,15 +16,15 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from kernel.backend import BackendInstance
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse
-from backends.callable.execution import Delivery, Execution
-from backends.callable.inbox import LoopInbox
-from backends.callable.outputs import ResultConverter
+from kernel.core.backend import BackendInstance
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse
+from kernel.backends.callable.execution import Delivery, Execution
+from kernel.backends.callable.inbox import LoopInbox
+from kernel.backends.callable.outputs import ResultConverter
 
 if TYPE_CHECKING:
-    from backends.callable.runner import AsyncRunner
+    from kernel.backends.callable.runner import AsyncRunner
 
 log = logging.getLogger("kernel.callable")
 

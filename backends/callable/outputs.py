@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kernel import datatypes
-from kernel.request import InferRequest, InferResponse, InferTensor
+from kernel.core import datatypes
+from kernel.core.request import InferRequest, InferResponse, InferTensor
 
 _ALLOWED_KINDS = "biufOSU"
 _BYTES_TYPES = (bytes, object, np.bytes_, np.object_, np.str_, str)

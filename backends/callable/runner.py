@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Callable, Optional
 
 import uvloop
 
-from backends.callable.inbox import LoopInbox
+from kernel.backends.callable.inbox import LoopInbox
 
 log = logging.getLogger("kernel.callable")
 

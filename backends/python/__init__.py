@@ -1,5 +1,5 @@
 """The Python backend: Triton `model.py` models, one worker process per instance."""
 
-from backends.python.backend import PythonBackend
+from kernel.backends.python.backend import PythonBackend
 
 __all__ = ["PythonBackend"]

@@ -1,6 +1,6 @@
 """Runs a model's `auto_complete_config` in a throw-away interpreter.
 
-Started by the backend as `python -m backends.python.autocomplete --model-file F`
+Started by the backend as `python -m kernel.backends.python.autocomplete --model-file F`
 with the config JSON on stdin; prints the completed config JSON on the original
 stdout. Anything the model prints goes to stderr (the server log) instead, so
 it cannot corrupt the result.
@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     config = json.loads(sys.stdin.read() or "{}")
     try:
         import triton_python_backend_utils as pb_utils
-        from backends.python.worker import _format_exception, load_model_class
+        from kernel.backends.python.worker import _format_exception, load_model_class
 
         cls = load_model_class(args.model_file)
         hook = getattr(cls, "auto_complete_config", None)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import weakref
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import msgspec
 
-from backends.python.execenv import ExecutionEnvironments
-from backends.python.instance import WorkerInstance, WorkerSettings
-from backends.python.messages import LogSettings
-from kernel.backend import Backend, BackendInstance, ModelSource
-from kernel.errors import ErrorCode, KernelError
+from kernel.backends.python.execenv import PARAMETER as EXECUTION_ENV_PATH
+from kernel.backends.python.execenv import ExecutionEnvironments
+from kernel.backends.python.instance import WorkerInstance, WorkerSettings
+from kernel.backends.python.messages import LogSettings
+from kernel.core.backend import Backend, BackendInstance, ModelSource
+from kernel.core.errors import ErrorCode, KernelError
 
 log = logging.getLogger("kernel.python")
 
@@ -62,14 +64,16 @@ class PythonBackend(Backend):
 
     def discover(self, name: str, backend_directory: Path):
         """Python-based backends: <backend_directory>/<name>/model.py."""
-        from backends.python import based
-
-        return based.discover(self, name, backend_directory)
+        folder = Path(backend_directory) / name
+        candidate = folder / MODEL_FILE
+        if candidate.is_file():
+            return PythonBasedBackend(self, name, Path(os.path.abspath(folder))), [str(candidate)]
+        return None, [str(candidate)]
 
     async def auto_complete(self, source: ModelSource) -> Optional[dict]:
         model_file = self.model_file(source.version_dir, source.config)
         command = await self.envs.command_for(source)
-        argv, env = command.module("backends.python.autocomplete", "--model-file", str(model_file))
+        argv, env = command.module("kernel.backends.python.autocomplete", "--model-file", str(model_file))
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
         )
@@ -137,7 +141,7 @@ class PythonBackend(Backend):
         return live
 
     def update_log_settings(self, settings) -> None:
-        """kernel.server_log.LogSettings changed: every worker of this backend, now and later, follows."""
+        """kernel.observe.log.LogSettings changed: every worker of this backend, now and later, follows."""
         log_settings = LogSettings(
             verbose=settings.verbose, info=settings.info, warning=settings.warning, error=settings.error,
             format=settings.format, file=settings.file,
@@ -168,3 +172,40 @@ class PythonBackend(Backend):
                 self._restarting.discard(instance.name)
 
         asyncio.ensure_future(restart())
+
+
+# ---- Python-based backends -------------------------------------------------
+# `<backend-directory>/<name>/model.py` serves every model whose config says `backend: "<name>"`.
+# Such a backend is the Python backend with a different model file: the backend's own model.py is
+# always the one run (a model.py in the model's version folder is ignored), while `initialize(args)`
+# still sees the model's own name, repository and version, and `pb_utils.get_model_dir()` the model's
+# version folder. It shares the Python backend's settings (`--backend-config python,...`), as in
+# Triton. When the backend folder holds `pb_exec_env_model.py.tar.gz` and the model names no
+# EXECUTION_ENV_PATH, the model runs in that environment.
+
+MODEL_FILE = "model.py"
+
+
+class PythonBasedBackend(PythonBackend):
+    def __init__(self, base: PythonBackend, name: str, directory: Path):
+        # Not PythonBackend.__init__: settings and the environment cache are the base's.
+        self.name = name
+        self.directory = directory
+        self.settings = base.settings
+        self.envs = base.envs
+        self._restarting = set()
+
+    def model_file(self, version_dir: Path, config: Any) -> Optional[Path]:
+        return self.directory / MODEL_FILE
+
+    def discover(self, name: str, backend_directory: Path) -> tuple[Optional[Backend], list[str]]:
+        return None, []  # the Python backend itself does the looking
+
+    def complete_config(self, config: Any) -> None:
+        if not config.runtime:
+            config.runtime = MODEL_FILE
+        if EXECUTION_ENV_PATH not in config.parameters:
+            bundled = self.directory / f"pb_exec_env_{config.runtime}.tar.gz"
+            if bundled.is_file():
+                config.parameters[EXECUTION_ENV_PATH].string_value = str(bundled)
+

@@ -16,9 +16,9 @@ import threading
 import weakref
 from typing import Optional
 
-from backends.python import messages, wire
-from backends.python.inline_channel import OneShot
-from kernel import datatypes
+from kernel.backends.python import messages, wire
+from kernel.backends.python.inline_channel import OneShot
+from kernel.core import datatypes
 
 import triton_python_backend_utils as pb_utils
 

@@ -6,7 +6,7 @@ the standard library only and runs on any Python Kernel supports.
 
 It makes exactly these importable, and nothing else of the server's:
 
-* Kernel's own pure-Python packages (`kernel`, `backends`,
+* Kernel's own pure-Python packages (`kernel` with `kernel.backends`,
   `triton_python_backend_utils`), ahead of anything in the environment;
 * the worker's binary dependencies the environment lacks (numpy, msgspec,
   uvloop), lent from the server's installation only when the front process
@@ -31,17 +31,16 @@ SPEC_VARIABLE = "KERNEL_WORKER_IMPORTS"
 
 
 class _TopLevelFrom(importlib.abc.MetaPathFinder):
-    """Finds the listed top-level modules in the given directories, nothing else."""
+    """Finds the listed packages (top-level, or a subpackage such as kernel.backends) in the given
+    directories, nothing else."""
 
     def __init__(self, table):
         self.table = dict(table)
 
     def find_spec(self, fullname, path=None, target=None):
-        if path is not None or "." in fullname:
-            return None  # submodules resolve through their package's __path__
         directory = self.table.get(fullname)
         if directory is None:
-            return None
+            return None  # other submodules resolve through their package's __path__
         return importlib.machinery.PathFinder.find_spec(fullname, [directory])
 
 

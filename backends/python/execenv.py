@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from backends.python import envarchive
-from backends.python.envboot import SPEC_VARIABLE
-from kernel.backend import ModelSource
-from kernel.errors import ErrorCode, KernelError
+from kernel.backends.python import envarchive
+from kernel.backends.python.envboot import SPEC_VARIABLE
+from kernel.core.backend import ModelSource
+from kernel.core.errors import ErrorCode, KernelError
 
 log = logging.getLogger("kernel.python")
 
@@ -50,9 +50,29 @@ INHERIT_PARAMETER = "KERNEL_INHERIT_SERVER_PACKAGES"
 MODEL_DIR_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
 MIN_PYTHON = (3, 10)
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
 _ENVBOOT = str(Path(__file__).resolve().with_name("envboot.py"))
-_OWN_PACKAGES = ("kernel", "backends", "triton_python_backend_utils")
+# What a worker imports of Kernel's own, each found in the folder that holds it. Installed, the
+# backends sit inside the kernel package; in a source checkout kernel.backends is the top-level
+# backends/ folder (see pyproject's package-dir), so the folders are read from the packages themselves.
+_OWN_PACKAGES = ("kernel", "kernel.backends", "triton_python_backend_utils")
+
+# `python -c` rather than `python -m`: -m puts the current directory first on sys.path, where a
+# `kernel.py` or a `backends/` folder of the user's would shadow Kernel's own modules. This drops
+# that entry ('' for -c) before anything is imported, then runs the module as __main__.
+_BOOT = (
+    "import runpy, sys; del sys.path[0]; name = sys.argv[1]; sys.argv = [name] + sys.argv[2:]; "
+    "runpy.run_module(name, run_name='__main__', alter_sys=True)"
+)
+
+
+def _own_package_folders() -> dict[str, str]:
+    folders = {}
+    for name in _OWN_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        folders[name] = str(Path(list(spec.submodule_search_locations)[0]).resolve().parent)
+    return folders
 _REQUIRED = ("numpy", "msgspec")
 _OPTIONAL = ("uvloop",)
 _REMOTE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -88,14 +108,12 @@ class WorkerCommand:
     def module(self, name: str, *args: str) -> tuple[list[str], dict[str, str]]:
         if self.boot:
             return [*self.argv, name, *args], dict(self.env)
-        return [*self.argv, "-m", name, *args], dict(self.env)
+        return [*self.argv, "-c", _BOOT, name, *args], dict(self.env)
 
 
 def server_command() -> WorkerCommand:
     """The default: the server's own interpreter, with Kernel's packages on its path."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
-    return WorkerCommand((sys.executable,), env)
+    return WorkerCommand((sys.executable,), dict(os.environ))
 
 
 @dataclass(frozen=True)
@@ -388,4 +406,4 @@ class ExecutionEnvironments:
                     "the server's packages can only be shared with the same Python",
                 )
             extra_path = _server_site_dirs()
-        return {"own": {p: _REPO_ROOT for p in _OWN_PACKAGES}, "lent": lent, "extra_path": extra_path}
+        return {"own": _own_package_folders(), "lent": lent, "extra_path": extra_path}

@@ -24,7 +24,7 @@ import select
 import socket
 import threading
 
-from backends.python.framing import _HEADER, MessageChannel
+from kernel.backends.python.framing import _HEADER, MessageChannel
 
 _READ_SIZE = 256 * 1024
 # Longest single wait on the socket while holding the lock: another waiter may need it.

@@ -18,18 +18,16 @@ from typing import Optional
 
 import msgspec
 
-from backends.python import messages, wire
-from backends.python.arena import Arena, PeerArena
-from backends.python.execenv import WorkerCommand, server_command
-from backends.python.framing import MessageChannel
-from backends.python.metrics_client import handle_ops as _handle_metric_ops
-from kernel.backend import BackendInstance, CoreHandle, ModelSource
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse, InferTensor, RequestedOutput
+from kernel.backends.python import messages, wire
+from kernel.backends.python.arena import Arena, PeerArena
+from kernel.backends.python.execenv import WorkerCommand, server_command
+from kernel.backends.python.framing import MessageChannel
+from kernel.backends.python.metrics_client import handle_ops as _handle_metric_ops
+from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 log = logging.getLogger("kernel.python")
-
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class WorkerSettings(msgspec.Struct, frozen=True):
@@ -83,7 +81,7 @@ class WorkerInstance(BackendInstance):
         self._has_is_ready = False
         self._ready_checks: dict[int, asyncio.Future] = {}
         self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
-        self._traced: dict[int, list] = {}  # Execute trace_key -> kernel.trace.Trace of its traced requests
+        self._traced: dict[int, list] = {}  # Execute trace_key -> kernel.observe.trace.Trace of its traced requests
         self._async_execute = False
 
     # ---- lifecycle -----------------------------------------------------
@@ -98,7 +96,7 @@ class WorkerInstance(BackendInstance):
         front, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fd_front, fd_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         cmd, env = (self.command or server_command()).module(
-            "backends.python.worker",
+            "kernel.backends.python.worker",
             "--channel-fd",
             str(worker.fileno()),
             "--fd-channel-fd",

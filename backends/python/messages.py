@@ -35,7 +35,7 @@ class Request(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class Error(msgspec.Struct, array_like=True):
-    code: str  # kernel.errors.ErrorCode name
+    code: str  # kernel.core.errors.ErrorCode name
     message: str
 
 
@@ -116,7 +116,7 @@ class ReadyResult(msgspec.Struct, tag="ready_result", array_like=True):
 
 
 class Execution(msgspec.Struct, array_like=True):
-    """One finished execute() call, for statistics (see kernel.stats.ModelStats.record_execution).
+    """One finished execute() call, for statistics (see kernel.core.stats.ModelStats.record_execution).
 
     Times are time.monotonic_ns(): start/input_end bracket turning the inputs
     into pb_utils requests, input_end..output_start is the model's execute,

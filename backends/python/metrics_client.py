@@ -9,7 +9,7 @@ called from the model's thread. Called on the worker's event loop (an
 this worker knows, and `value()` answers from this worker's own view.
 
 Front side: `handle_ops`, which applies the operations to the server's
-kernel.metrics.CustomMetrics on behalf of one worker instance.
+kernel.observe.metrics.CustomMetrics on behalf of one worker instance.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 
-from backends.python import messages
+from kernel.backends.python import messages
 
 log = logging.getLogger("kernel.python")
 
@@ -155,7 +155,7 @@ class MetricsClient:
 
 def handle_ops(instance, registry, ops: list[messages.MetricOp]) -> None:
     """Apply a worker's metric operations to the server's CustomMetrics (front process)."""
-    from kernel.metrics import MetricError
+    from kernel.observe.metrics import MetricError
 
     for op in ops:
         value = 0.0

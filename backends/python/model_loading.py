@@ -14,8 +14,8 @@ import itertools
 import queue
 import threading
 
-from backends.python import messages
-from backends.python.inline_channel import OneShot
+from kernel.backends.python import messages
+from kernel.backends.python.inline_channel import OneShot
 
 import triton_python_backend_utils as pb_utils
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.python import messages
-from backends.python.arena import Arena, PeerArena
+from kernel.backends.python import messages
+from kernel.backends.python.arena import Arena, PeerArena
 
 INLINE_LIMIT = 64 * 1024
 

@@ -1,6 +1,6 @@
 """The worker process: runs one instance of a model.py on its own uvloop.
 
-Started by instance.py as `python -m backends.python.worker`. The loop owns the
+Started by instance.py as `python -m kernel.backends.python.worker`. The loop owns the
 channel to the front process. An `async def execute` runs on the loop, many at
 a time. A synchronous `execute` runs inline on the loop too (a thread hop each
 way cost more than the whole worker side of a small request); the calls that
@@ -31,17 +31,17 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.python import messages, wire
-from backends.python.arena import Arena, PeerArena
-from backends.python.bls import BlsClient
-from backends.python.metrics_client import MetricsClient
-from backends.python.model_loading import ModelLoadingClient
-from backends.python.model_thread import ModelThread
-from backends.python.inline_channel import InlineChannel
-from kernel import datatypes
+from kernel.backends.python import messages, wire
+from kernel.backends.python.arena import Arena, PeerArena
+from kernel.backends.python.bls import BlsClient
+from kernel.backends.python.metrics_client import MetricsClient
+from kernel.backends.python.model_loading import ModelLoadingClient
+from kernel.backends.python.model_thread import ModelThread
+from kernel.backends.python.inline_channel import InlineChannel
+from kernel.core import datatypes
 
 import triton_python_backend_utils as pb_utils  # noqa: E402  (model code imports it too)
-from kernel import server_log
+from kernel.observe import log as server_log
 
 log = logging.getLogger("kernel.worker")
 
@@ -559,7 +559,7 @@ class Worker:
             raw = memoryview(arr).cast("B") if arr.size else b""
         return wire.pack(tensor.name(), datatype, arr.shape, raw, self.arena)
 
-    # ---- statistics and rescheduling (see kernel.stats, kernel.sequence_batcher) ----
+    # ---- statistics and rescheduling (see kernel.core.stats, kernel.core.scheduling.sequence) ----
 
     def _reschedule_released(self, keys) -> None:
         """Decoupled: requests released with RELEASE_RESCHEDULE before execute returned."""

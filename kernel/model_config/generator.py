@@ -14,7 +14,7 @@ from typing import Any, Dict, Union
 import numpy as np
 from google.protobuf import json_format, text_format
 
-from kernel import datatypes
+from kernel.core import datatypes
 from kernel.exceptions import PyTritonBadParameterError
 from kernel.model_config.common import DynamicBatcher, QueuePolicy
 from kernel.model_config.triton_model_config import TensorSpec, TritonModelConfig

@@ -18,9 +18,9 @@ from typing import Optional
 
 import numpy as np
 
-from kernel import datatypes
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import (
+from kernel.core import datatypes
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import (
     REQUEST_FLAG_SEQUENCE_END,
     REQUEST_FLAG_SEQUENCE_START,
     InferRequest,
@@ -28,8 +28,8 @@ from kernel.request import (
     InferTensor,
     RequestedOutput,
 )
-from kernel.shared_memory import RequestWindows, SharedMemoryManager
-from transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.core.shared_memory import RequestWindows, SharedMemoryManager
+from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 
 # gRPC status codes (the numbers are part of the gRPC protocol).
 OK = 0

@@ -13,12 +13,12 @@ import logging
 import ssl
 from typing import Optional
 
-from kernel.errors import KernelError
-from kernel.restrictions import grpc_message
-from transports.grpc import codec
-from transports.grpc.protos import grpc_service_pb2 as pb
-from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
-from transports.restricted import grpc_category
+from kernel.core.errors import KernelError
+from kernel.transports.restrictions import grpc_message
+from kernel.transports.grpc import codec
+from kernel.transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
+from kernel.transports.restrictions import grpc_category
 
 log = logging.getLogger("kernel.grpc")
 
@@ -56,7 +56,7 @@ class GrpcioServer:
         import grpc
         from grpc import aio
 
-        from transports.grpc.grpclib_server import UNARY_RPCS
+        from kernel.transports.grpc.grpclib_server import UNARY_RPCS
 
         self.grpc = grpc
         self.service = service

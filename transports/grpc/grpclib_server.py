@@ -18,12 +18,12 @@ from grpclib.const import Cardinality, Handler, Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server as _GrpclibServer
 
-from kernel.errors import KernelError
-from kernel.restrictions import grpc_message
-from transports.grpc import codec
-from transports.grpc.protos import grpc_service_pb2 as pb
-from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
-from transports.restricted import grpc_category
+from kernel.core.errors import KernelError
+from kernel.transports.restrictions import grpc_message
+from kernel.transports.grpc import codec
+from kernel.transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
+from kernel.transports.restrictions import grpc_category
 
 log = logging.getLogger("kernel.grpc")
 

@@ -40,12 +40,12 @@ from typing import Optional
 import hpack
 from google.protobuf.message import DecodeError
 
-from kernel.errors import KernelError
-from kernel.restrictions import grpc_message
-from transports.grpc import codec
-from transports.grpc.metadata import client_metadata
-from transports.grpc.protos import grpc_service_pb2 as pb
-from transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized
+from kernel.core.errors import KernelError
+from kernel.transports.restrictions import grpc_message
+from kernel.transports.grpc import codec
+from kernel.transports.grpc.metadata import client_metadata
+from kernel.transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized
 
 log = logging.getLogger("kernel.grpc")
 
@@ -229,7 +229,7 @@ class _Stream:
         self.encoding = b""
         self.grpc_error_mode = False
         self.flush_scheduled = False
-        self.trace = None  # kernel.trace.Trace of a sampled ModelInfer call
+        self.trace = None  # kernel.observe.trace.Trace of a sampled ModelInfer call
         self.started_ns = 0  # when its headers arrived (only taken while tracing is on)
         self.metadata = None  # client metadata of an infer call, kept only when headers are forwarded
         self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read

@@ -19,12 +19,14 @@ from typing import AsyncIterator, Awaitable, Callable, Optional
 
 from google.protobuf import json_format
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse
-from kernel.server import Server
-from transports.grpc import codec, repository, settings
-from transports.grpc.protos import grpc_service_pb2 as pb
-from transports.restricted import grpc_category
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse
+from kernel.core.server import Server
+from kernel.transports.grpc import codec
+from kernel.transports.grpc import log_trace as settings
+from kernel.transports.grpc import repository_api as repository
+from kernel.transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.transports.restrictions import grpc_category
 
 log = logging.getLogger("kernel.grpc")
 
@@ -53,10 +55,10 @@ class InferenceService:
         # graceful stop: the transport waits for these before closing).
         self.active_infers = 0
         self.sessions: set[StreamSession] = set()
-        # --grpc-restricted-protocol (kernel.restrictions.Restrictions); None when nothing is restricted.
-        # The bindings check it per call, classifying calls with transports.restricted.grpc_category.
+        # --grpc-restricted-protocol (kernel.transports.restrictions.Restrictions); None when nothing is restricted.
+        # The bindings check it per call, classifying calls with kernel.transports.restrictions.grpc_category.
         self.restricted = None
-        # --grpc-header-forward-pattern (transports.header_forward.HeaderForwarder); None when unset.
+        # --grpc-header-forward-pattern (kernel.transports.header_forward.HeaderForwarder); None when unset.
         # The bindings then hand ModelInfer/ModelStreamInfer calls their client metadata.
         self.header_forward = None
         self.tracer = server.tracer
@@ -116,7 +118,7 @@ class InferenceService:
         # The core renders the statistics extension's JSON, whose field names are the proto's.
         return json_format.ParseDict(statistics(msg.name, msg.version), pb.ModelStatisticsResponse())
 
-    # ---- model repository extension (the core's kernel/model_control.py) ----
+    # ---- model repository extension (the core's kernel/loading/control.py) ----
 
     async def RepositoryIndex(self, msg) -> pb.RepositoryIndexResponse:
         _no_repository_name(msg)
@@ -135,7 +137,7 @@ class InferenceService:
         await self.server.control.unload(msg.model_name, repository.unload_dependents(msg.parameters))
         return pb.RepositoryModelUnloadResponse()
 
-    # ---- shared-memory extensions (regions live in the core: kernel/shared_memory.py) ----
+    # ---- shared-memory extensions (regions live in the core: kernel/core/shared_memory.py) ----
     # A region's status dict uses the proto's field names, so it fills its map entry as is.
 
     def SystemSharedMemoryStatus(self, msg) -> pb.SystemSharedMemoryStatusResponse:
@@ -194,7 +196,7 @@ class InferenceService:
 
         Raises KernelError when the request is refused. The returned core
         request is what to cancel if the client goes away first. `trace`: the
-        call's kernel.trace.Trace when it was sampled (the caller releases it).
+        call's kernel.observe.trace.Trace when it was sampled (the caller releases it).
         `metadata`: the call's client metadata, given only when headers are forwarded.
         """
         model = self._lookup(msg.model_name, msg.model_version)
@@ -220,7 +222,7 @@ class InferenceService:
 
     def ModelInfer(self, msg, metadata=None) -> Awaitable["Serialized"]:
         """ModelInfer for server libraries that run each call as a coroutine (await the result)."""
-        if self.tracer.active:  # all that tracing costs while it is off (kernel/trace.py)
+        if self.tracer.active:  # all that tracing costs while it is off (kernel/observe/trace.py)
             return self._traced_model_infer(msg, metadata)
         return self._model_infer(msg, None, metadata)
 

@@ -15,11 +15,11 @@ import ssl
 from dataclasses import dataclass
 from typing import Optional
 
-from kernel.restrictions import Restrictions
-from kernel.server import Server
-from kernel.transport import Transport
-from transports.grpc.service import InferenceService
-from transports.header_forward import HeaderForwarder
+from kernel.transports.restrictions import Restrictions
+from kernel.core.server import Server
+from kernel.core.transport import Transport
+from kernel.transports.grpc.service import InferenceService
+from kernel.transports.header_forward import HeaderForwarder
 
 log = logging.getLogger("kernel.grpc")
 
@@ -156,15 +156,15 @@ class GrpcTransport(Transport):
         ssl_context = self.options.ssl_context()
         library = self.options.server_library
         if library == "native":
-            from transports.grpc.native_server import NativeServer
+            from kernel.transports.grpc.native_server import NativeServer
 
             self._impl = NativeServer(self.service, self.options)
         elif library == "grpcio":
-            from transports.grpc.grpcio_server import GrpcioServer
+            from kernel.transports.grpc.grpcio_server import GrpcioServer
 
             self._impl = GrpcioServer(self.service, self.options)
         else:
-            from transports.grpc.grpclib_server import GrpclibServer
+            from kernel.transports.grpc.grpclib_server import GrpclibServer
 
             self._impl = GrpclibServer(self.service, _grpclib_config(self.options))
         await self._impl.start(self.address, self.port, ssl_context)

@@ -1,5 +1,5 @@
 """KServe v2 HTTP/REST transport."""
 
-from transports.http.transport import HttpTransport
+from kernel.transports.http.transport import HttpTransport
 
 __all__ = ["HttpTransport"]

@@ -11,14 +11,16 @@ import logging
 import zlib
 from typing import Optional
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import collect_single_response
-from kernel.restrictions import Category, Restrictions, http_message
-from kernel.server import Server
-from transports.asgi import lifespan, send_error, send_json, send_response, send_status
-from transports.http import codec, generate, repository, settings, shared_memory
-from transports.http.disconnect import DisconnectWatch
-from transports.restricted import http_category
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import collect_single_response
+from kernel.transports.restrictions import Category, Restrictions, http_message
+from kernel.core.server import Server
+from kernel.transports.asgi import lifespan, send_error, send_json, send_response, send_status
+from kernel.transports.http import codec, generate, shared_memory
+from kernel.transports.http import log_trace as settings
+from kernel.transports.http import repository_api as repository
+from kernel.transports.http.disconnect import DisconnectWatch
+from kernel.transports.restrictions import http_category
 
 log = logging.getLogger("kernel.http")
 
@@ -48,7 +50,7 @@ class HttpApp:
         # --http-restricted-api; None (not an empty set) when nothing is restricted: one check per request.
         self.restricted = restricted or None
         self.tracer = server.tracer
-        # --http-header-forward-pattern (transports.header_forward.HeaderForwarder); None when unset.
+        # --http-header-forward-pattern (kernel.transports.header_forward.HeaderForwarder); None when unset.
         self.header_forward = None
 
     async def __call__(self, scope, receive, send) -> None:
@@ -132,7 +134,7 @@ class HttpApp:
             return
         if action == "infer":
             self._require(method, "POST")
-            if self.tracer.active:  # all that tracing costs while it is off (kernel/trace.py)
+            if self.tracer.active:  # all that tracing costs while it is off (kernel/observe/trace.py)
                 await self._traced_infer(name, version, scope, receive, send)
             else:
                 await self._infer(name, version, scope, receive, send)

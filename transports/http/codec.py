@@ -13,10 +13,10 @@ from typing import Any, Optional
 import msgspec
 import numpy as np
 
-from kernel import datatypes
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse, InferTensor, RequestedOutput
-from kernel.shared_memory import RequestWindows, SharedMemoryManager
+from kernel.core import datatypes
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
+from kernel.core.shared_memory import RequestWindows, SharedMemoryManager
 
 
 class InputJSON(msgspec.Struct):
@@ -196,7 +196,7 @@ def parse_infer_request(
     return request, binary_default, binary_choice
 
 
-# ---- shared-memory extension: tensors in client regions (kernel/shared_memory.py)
+# ---- shared-memory extension: tensors in client regions (kernel/core/shared_memory.py)
 
 # The per-output choice for an output that goes into a client region, not the body.
 IN_SHARED_MEMORY = "shared_memory"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-from kernel.request import InferRequest
+from kernel.core.request import InferRequest
 
 
 class DisconnectWatch:

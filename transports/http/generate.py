@@ -22,11 +22,11 @@ from typing import Any, Callable, Optional
 
 import msgspec
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse, InferTensor
-from transports.asgi import JSON_HEADERS, send_error, send_response
-from transports.http import codec
-from transports.http.disconnect import DisconnectWatch
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse, InferTensor
+from kernel.transports.asgi import JSON_HEADERS, send_error, send_response
+from kernel.transports.http import codec
+from kernel.transports.http.disconnect import DisconnectWatch
 
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 _PARAMETERS = "parameters"
@@ -54,7 +54,7 @@ def is_flag_only(response: InferResponse, decoupled: bool) -> bool:
 
 def status_for(error: KernelError) -> int:
     # The HTTP app's mapping; imported lazily to keep this module importable on its own.
-    from transports.http.app import status_for as _status_for
+    from kernel.transports.http.app import status_for as _status_for
 
     return _status_for(error)
 

@@ -11,9 +11,9 @@ from typing import Any, Optional
 
 import msgspec
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.shared_memory import SharedMemoryManager
-from transports.asgi import send_error, send_json, send_status
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.shared_memory import SharedMemoryManager
+from kernel.transports.asgi import send_error, send_json, send_status
 
 SYSTEM_PREFIX = "/v2/systemsharedmemory"
 CUDA_PREFIX = "/v2/cudasharedmemory"

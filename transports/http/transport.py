@@ -10,11 +10,11 @@ import asyncio
 import logging
 from typing import Optional
 
-from kernel.restrictions import Restrictions
-from kernel.server import Server
-from kernel.transport import Transport
-from transports.asgi import UvicornListener
-from transports.http.app import HttpApp
+from kernel.transports.restrictions import Restrictions
+from kernel.core.server import Server
+from kernel.core.transport import Transport
+from kernel.transports.asgi import UvicornListener
+from kernel.transports.http.app import HttpApp
 
 log = logging.getLogger("kernel.http")
 

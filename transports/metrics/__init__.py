@@ -1,5 +1,5 @@
 """Prometheus metrics endpoint (`GET /metrics` on --metrics-port)."""
 
-from transports.metrics.transport import MetricsTransport
+from kernel.transports.metrics.transport import MetricsTransport
 
 __all__ = ["MetricsTransport"]

@@ -1,7 +1,7 @@
 """The metrics endpoint: `GET /metrics` in Prometheus text format, on its own port.
 
 A raw ASGI app on uvicorn (like the HTTP transport) inside the front process's
-event loop. The text is built at scrape time by kernel.metrics; nothing here
+event loop. The text is built at scrape time by kernel.observe.metrics; nothing here
 touches the request path.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kernel.metrics import MetricsConfig, MetricsService
-from kernel.transport import Transport
-from transports.asgi import UvicornListener, lifespan, send_response
+from kernel.observe.metrics import MetricsConfig, MetricsService
+from kernel.core.transport import Transport
+from kernel.transports.asgi import UvicornListener, lifespan, send_response
 
-log = logging.getLogger("kernel.metrics")
+log = logging.getLogger("kernel.observe.metrics")
 
 _TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
 _JSON = [(b"content-type", b"application/json")]

@@ -1,5 +1,5 @@
 """The SageMaker hosting endpoint (/ping, /invocations, multi-model /models) and its `serve` entry point."""
 
-from transports.sagemaker.transport import SageMakerTransport
+from kernel.transports.sagemaker.transport import SageMakerTransport
 
 __all__ = ["SageMakerTransport"]

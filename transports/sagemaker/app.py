@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.restrictions import Category
-from kernel.server import Server
-from transports.asgi import lifespan, send_error, send_json, send_status
-from transports import cloud
-from transports.http import generate
-from transports.http.app import HttpApp, status_for
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.transports.restrictions import Category
+from kernel.core.server import Server
+from kernel.transports.asgi import lifespan, send_error, send_json, send_status
+from kernel.transports import cloud
+from kernel.transports.http import generate
+from kernel.transports.http.app import HttpApp, status_for
 
 log = logging.getLogger("kernel.sagemaker")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kernel.restrictions import Restrictions
-from kernel.server import Server, StartupError
-from transports.cloud import CloudHttpTransport
-from transports.sagemaker.app import SageMakerApp, SageMakerSettings
+from kernel.transports.restrictions import Restrictions
+from kernel.core.server import Server, StartupError
+from kernel.transports.cloud import CloudHttpTransport
+from kernel.transports.sagemaker.app import SageMakerApp, SageMakerSettings
 
 
 class SageMakerTransport(CloudHttpTransport):

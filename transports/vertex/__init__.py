@@ -1,5 +1,5 @@
 """The Vertex AI prediction endpoint (AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE, X-Vertex-Ai-Triton-Redirect)."""
 
-from transports.vertex.transport import VertexAiTransport
+from kernel.transports.vertex.transport import VertexAiTransport
 
 __all__ = ["VertexAiTransport"]

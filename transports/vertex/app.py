@@ -23,11 +23,11 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from kernel.errors import KernelError
-from kernel.server import Server
-from transports.asgi import lifespan, send_error, send_status
-from transports import cloud
-from transports.http.app import HttpApp, status_for
+from kernel.core.errors import KernelError
+from kernel.core.server import Server
+from kernel.transports.asgi import lifespan, send_error, send_status
+from kernel.transports import cloud
+from kernel.transports.http.app import HttpApp, status_for
 
 log = logging.getLogger("kernel.vertex")
 

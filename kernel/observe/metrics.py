@@ -1,6 +1,6 @@
 """Prometheus metrics: Triton's `nv_*` families, CPU gauges and models' custom metrics.
 
-Nothing here runs per request. The per-model numbers live in kernel.stats
+Nothing here runs per request. The per-model numbers live in kernel.core.stats
 (plain integers updated once per executed batch); the `nv_inference_*`
 families are built from them when /metrics is scraped, through a
 prometheus_client Collector. Only when `--metrics-config` turns on latency
@@ -30,9 +30,9 @@ from typing import Iterable, Optional
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from kernel import stats as st
+from kernel.core import stats as st
 
-log = logging.getLogger("kernel.server")
+log = logging.getLogger("kernel.core.server")
 
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 FIRST_RESPONSE_HISTOGRAM = "nv_inference_first_response_histogram_ms"

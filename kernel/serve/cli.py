@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.util
 import logging
 import os
 import re
@@ -20,28 +21,28 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from kernel import server_log
-from kernel.restrictions import RestrictionError, Restrictions
-from kernel.server import Server, ServerOptions, StartupError
-from kernel.server_log import LogSettings
-from kernel.trace import TraceConfigError, config_from_flags
+from kernel.observe import log as server_log
+from kernel.transports.restrictions import RestrictionError, Restrictions
+from kernel.core.server import Server, ServerOptions, StartupError
+from kernel.observe.log import LogSettings
+from kernel.observe.trace import TraceConfigError, config_from_flags
 
-log = logging.getLogger("kernel.server")
+log = logging.getLogger("kernel.core.server")
 
 # Plug-ins by name: the core stays free of transport and backend imports.
-BACKENDS = {"python": "backends.python:PythonBackend"}
-HTTP_TRANSPORT = "transports.http:HttpTransport"
-GRPC_TRANSPORT = "transports.grpc:GrpcTransport"
-GRPC_OPTIONS = "transports.grpc:GrpcOptions"
-METRICS_TRANSPORT = "transports.metrics:MetricsTransport"
-SAGEMAKER_TRANSPORT = "transports.sagemaker:SageMakerTransport"
-VERTEX_AI_TRANSPORT = "transports.vertex:VertexAiTransport"
-HEADER_FORWARDER = "transports.header_forward:HeaderForwarder"
+BACKENDS = {"python": "kernel.backends.python:PythonBackend"}
+HTTP_TRANSPORT = "kernel.transports.http:HttpTransport"
+GRPC_TRANSPORT = "kernel.transports.grpc:GrpcTransport"
+GRPC_OPTIONS = "kernel.transports.grpc:GrpcOptions"
+METRICS_TRANSPORT = "kernel.transports.metrics:MetricsTransport"
+SAGEMAKER_TRANSPORT = "kernel.transports.sagemaker:SageMakerTransport"
+VERTEX_AI_TRANSPORT = "kernel.transports.vertex:VertexAiTransport"
+HEADER_FORWARDER = "kernel.transports.header_forward:HeaderForwarder"
 
 BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repo_examples"
 # Where `backend: "<name>"` finds <name>/model.py (a Python-based backend) unless
 # --backend-directory says otherwise.
-DEFAULT_BACKEND_DIRECTORY = Path(__file__).resolve().parent.parent / "backends" / "python_based"
+DEFAULT_BACKEND_DIRECTORY = Path(importlib.util.find_spec("kernel.backends").submodule_search_locations[0]) / "python_based"
 
 # tritonserver flags that only tune Triton's own C++ thread pools and memory
 # pools; Kernel has no such knobs, so they are accepted and do nothing.
@@ -176,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-config", action="append", default=[])
     p.add_argument("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
                    help="where Python-based backends (<name>/model.py) are found "
-                        "(default: the backends/python_based/ folder of the installed package)")
+                        "(default: the python_based/ folder of kernel.backends in the installed package)")
     p.add_argument("--allow-sagemaker", type=parse_bool, default=False,
                    help="serve the SageMaker endpoint (/ping, /invocations, /models)")
     p.add_argument("--sagemaker-port", type=int, default=8080)

@@ -17,9 +17,9 @@ from urllib.parse import unquote
 
 import msgspec
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.model_files import FILE_PREFIX
-from transports.asgi import send_error, send_json, send_status
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.loading.files import FILE_PREFIX
+from kernel.transports.asgi import send_error, send_json, send_status
 
 PREFIX = "/v2/repository"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
-from kernel.request import InferRequest
+from kernel.core.request import InferRequest
 
 
 @dataclass
@@ -38,7 +38,7 @@ class BackendInstance(abc.ABC):
     #: take more work (an execution finished, its pending work was failed, it
     #: (re)started). Backends call notify_available() at those points.
     on_available: Optional[Callable[["BackendInstance"], None]] = None
-    #: Set by the core after load: the model version's kernel.stats.ModelStats.
+    #: Set by the core after load: the model version's kernel.core.stats.ModelStats.
     #: Backends report each finished execution into it (record_execution).
     stats: Any = None
 
@@ -115,4 +115,4 @@ class Backend(abc.ABC):
         """Fill in the config fields the core sets for models of this backend (e.g. runtime)."""
 
     def update_log_settings(self, settings: Any) -> None:
-        """The server's log settings changed (kernel.server_log.LogSettings): pass them to running instances."""
+        """The server's log settings changed (kernel.observe.log.LogSettings): pass them to running instances."""

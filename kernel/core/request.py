@@ -12,8 +12,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from kernel import datatypes
-from kernel.errors import KernelError, invalid_arg
+from kernel.core import datatypes
+from kernel.core.errors import KernelError, invalid_arg
 
 
 class InferTensor:
@@ -179,9 +179,9 @@ class InferRequest:
         self.on_reschedule: Optional[Callable[["InferRequest"], None]] = None
         self.sched: Any = None  # scheduler-private bookkeeping
         # The client shared-memory windows the request reads or writes
-        # (kernel.shared_memory.RequestWindows); None when it uses none.
+        # (kernel.core.shared_memory.RequestWindows); None when it uses none.
         self.shm: Any = None
-        # kernel.trace.Trace when this request was sampled for tracing (set by the transport).
+        # kernel.observe.trace.Trace when this request was sampled for tracing (set by the transport).
         self.trace: Any = None
 
     def input(self, name: str) -> Optional[InferTensor]:

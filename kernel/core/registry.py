@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.model import Model, ModelState
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.model import Model, ModelState
 
 
 # The reason the repository index gives for a version that was unloaded on request.

@@ -1,15 +1,15 @@
 """The LogSettings and TraceSetting RPCs (logging and trace extensions) over the core.
 
 Messages and status codes follow tritonserver's gRPC endpoint, whose wording
-differs in places from its HTTP endpoint (transports/http/settings.py).
+differs in places from its HTTP endpoint (transports/http/log_trace.py).
 """
 
 from __future__ import annotations
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.server_log import LOG_FORMATS
-from kernel.trace import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
-from transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.observe.log import LOG_FORMATS
+from kernel.observe.trace import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
+from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 
 
 def log_settings(server, msg) -> pb.LogSettingsResponse:

@@ -35,9 +35,9 @@ from typing import Any, Optional
 import msgspec
 import numpy as np
 
-from kernel.errors import ErrorCode, KernelError
+from kernel.core.errors import ErrorCode, KernelError
 
-log = logging.getLogger("kernel.trace")
+log = logging.getLogger("kernel.observe.trace")
 
 MIN_COUNT = -1
 UINT32_MAX = 2**32 - 1

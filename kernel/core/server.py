@@ -14,21 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from kernel import __version__, config_pbtxt, repository, server_log
-from kernel.backend import Backend, ModelSource
-from kernel.errors import ErrorCode, KernelError
-from kernel.model import Model, ModelState
-from kernel.model_control import ModelControl
-from kernel.registry import ModelRegistry
-from kernel.request import InferRequest
-from kernel.metrics import CustomMetrics, MetricsConfig
-from kernel.scheduler import make_scheduler
-from kernel.shared_memory import SharedMemoryManager, route_through_windows
-from kernel.server_log import LogSettings
-from kernel.trace import TraceConfig, Tracer, TraceUpdate
-from kernel.transport import Transport
+from kernel import __version__
 
-log = logging.getLogger("kernel.server")
+from kernel.config import pbtxt as config_pbtxt
+
+from kernel.loading import repository
+
+from kernel.observe import log as server_log
+from kernel.core.backend import Backend, ModelSource
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.model import Model, ModelState
+from kernel.loading.control import ModelControl
+from kernel.core.registry import ModelRegistry
+from kernel.core.request import InferRequest
+from kernel.observe.metrics import CustomMetrics, MetricsConfig
+from kernel.core.scheduling.direct import make_scheduler
+from kernel.core.shared_memory import SharedMemoryManager, route_through_windows
+from kernel.observe.log import LogSettings
+from kernel.observe.trace import TraceConfig, Tracer, TraceUpdate
+from kernel.core.transport import Transport
+
+log = logging.getLogger("kernel.core.server")
 
 # KServe v2 extensions this server speaks (reported by GET /v2), in tritonserver's order.
 EXTENSIONS = [
@@ -51,7 +57,7 @@ class ServerOptions:
     log_verbose: int = 0
     backend_directory: Optional[Path] = None  # where backends not built in are looked for
     metrics_config: dict[str, str] = field(default_factory=dict)  # --metrics-config (global group)
-    # Model control (kernel/model_control.py): --model-control-mode, --load-model,
+    # Model control (kernel/loading/control.py): --model-control-mode, --load-model,
     # --repository-poll-secs, --model-config-name.
     model_control_mode: str = "none"
     startup_models: list[str] = field(default_factory=list)
@@ -81,7 +87,7 @@ class Server:
         # Ready only once every transport listens: a client that saw /v2/health/ready on HTTP
         # must find the gRPC port open too.
         self._listening = False
-        # Statistics and metrics (kernel.stats, kernel.metrics): custom metric
+        # Statistics and metrics (kernel.core.stats, kernel.observe.metrics): custom metric
         # families that models create, and what --metrics-config turns on.
         self.custom_metrics = CustomMetrics()
         self.metrics_config = MetricsConfig(options.metrics_config)
@@ -356,7 +362,7 @@ class Server:
         backend = self.backends.get(cfg.backend)
         started = time.monotonic()
         if model.is_ensemble:
-            from kernel.ensemble import wait_for_steps
+            from kernel.core.scheduling.ensemble import wait_for_steps
 
             await wait_for_steps(self, model)
         else:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.model_files import FILE_PREFIX
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.loading.files import FILE_PREFIX
 
 
 def load_parameters(params) -> tuple[Optional[str], dict[str, bytes]]:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.repository import CONFIG_FILENAME, ModelDir
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.loading.repository import CONFIG_FILENAME, ModelDir
 
 FILE_PREFIX = "file:"
 

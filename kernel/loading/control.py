@@ -31,16 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from kernel import config_pbtxt, repository
-from kernel.errors import ErrorCode, KernelError
-from kernel.model import Model, ModelState
-from kernel.model_files import Fingerprint, fingerprint, remove_override_folder, write_override_folder
-from kernel.registry import UNLOADED
+from kernel.config import pbtxt as config_pbtxt
+
+from kernel.loading import repository
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.model import Model, ModelState
+from kernel.loading.files import Fingerprint, fingerprint, remove_override_folder, write_override_folder
+from kernel.core.registry import UNLOADED
 
 if TYPE_CHECKING:
-    from kernel.server import Server
+    from kernel.core.server import Server
 
-log = logging.getLogger("kernel.server")
+log = logging.getLogger("kernel.core.server")
 
 
 class ControlMode(str, enum.Enum):
@@ -139,7 +141,7 @@ class ModelControl:
             wanted = list(dict.fromkeys(self.server.options.startup_models))
             if LOAD_ALL in wanted:
                 if len(wanted) > 1:
-                    from kernel.server import StartupError
+                    from kernel.core.server import StartupError
 
                     raise StartupError("Wildcard model name '*' must be the ONLY startup model if specified at all.")
                 wanted = sorted(set(dirs) | set(duplicates))
@@ -159,7 +161,7 @@ class ModelControl:
             explicit = set(names) | set(duplicates)
         clash = sorted(explicit & set(duplicates))
         if clash:
-            from kernel.server import StartupError
+            from kernel.core.server import StartupError
 
             roots = " and ".join(str(r) for r in duplicates[clash[0]])
             raise StartupError(f"model '{clash[0]}' appears in two repositories: {roots}")

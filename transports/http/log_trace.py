@@ -17,10 +17,10 @@ from typing import Any
 
 import msgspec
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.server_log import LOG_FORMATS
-from kernel.trace import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
-from transports.asgi import send_error, send_json
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.observe.log import LOG_FORMATS
+from kernel.observe.trace import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
+from kernel.transports.asgi import send_error, send_json
 
 LOGGING_PATH = "/v2/logging"
 TRACE_PATH = "/v2/trace/setting"

@@ -4,7 +4,7 @@ tritonserver's `--http-restricted-api=<apis>:<key>=<value>` and
 `--grpc-restricted-protocol=<apis>:<key>=<value>` (repeatable; an API may sit in
 one group only). Over HTTP the request must carry header `<key>: <value>`;
 over gRPC the metadata key is `triton-grpc-protocol-<key>`. Transports classify
-each request into a `Category` (see transports/restricted.py) and look up its
+each request into a `Category` (`http_category`, `grpc_category` below) and look up its
 `Restriction`; when nothing is restricted they hold no Restrictions at all, so
 unrestricted serving pays nothing.
 """
@@ -108,3 +108,77 @@ def http_message(header: str) -> str:
 def grpc_message(header: str) -> str:
     """The status message (code UNAVAILABLE, as tritonserver answers) for a restricted RPC."""
     return f"This protocol is restricted, expecting header '{header}'"
+
+
+# ---- which category a request belongs to ------------------------------------
+# Classified by URL path (HTTP) or RPC name (gRPC) alone, so routes added to the transports later
+# fall into the right group without touching their handlers.
+
+# /v2/models/<name>[/versions/<v>]/<action>
+_MODEL_ACTIONS = {
+    "": Category.METADATA,
+    "ready": Category.HEALTH,
+    "config": Category.MODEL_CONFIG,
+    "stats": Category.STATISTICS,
+    "infer": Category.INFERENCE,
+    "generate": Category.INFERENCE,
+    "generate_stream": Category.INFERENCE,
+    "trace": Category.TRACE,
+}
+
+
+def http_category(path: str) -> Optional[Category]:
+    """The category of a KServe v2 HTTP path; None for paths outside every group (404s)."""
+    if not path.startswith("/v2"):
+        return None
+    rest = path[3:]
+    if rest in ("", "/"):
+        return Category.METADATA
+    if rest.startswith("/models/"):
+        if rest == "/models/stats":
+            return Category.STATISTICS
+        parts = rest[8:].split("/")
+        tail = parts[1:]
+        if len(tail) >= 2 and tail[0] == "versions":
+            tail = tail[2:]
+        return _MODEL_ACTIONS.get(tail[0] if tail else "")
+    if rest.startswith("/health/"):
+        return Category.HEALTH
+    if rest.startswith("/trace/"):
+        return Category.TRACE
+    if rest == "/logging":
+        return Category.LOGGING
+    if rest.startswith(("/systemsharedmemory", "/cudasharedmemory")):
+        return Category.SHARED_MEMORY
+    if rest.startswith("/repository"):
+        return Category.MODEL_REPOSITORY
+    return None
+
+
+_RPCS = {
+    "ServerLive": Category.HEALTH,
+    "ServerReady": Category.HEALTH,
+    "ModelReady": Category.HEALTH,
+    "Check": Category.HEALTH,  # grpc.health.v1.Health
+    "ServerMetadata": Category.METADATA,
+    "ModelMetadata": Category.METADATA,
+    "ModelConfig": Category.MODEL_CONFIG,
+    "ModelStatistics": Category.STATISTICS,
+    "TraceSetting": Category.TRACE,
+    "LogSettings": Category.LOGGING,
+    "ModelInfer": Category.INFERENCE,
+    "ModelStreamInfer": Category.INFERENCE,
+}
+
+
+def grpc_category(rpc: str) -> Optional[Category]:
+    """The category of a gRPC method, by its name ("ModelInfer") or full path ("/pkg.Service/ModelInfer")."""
+    name = rpc.rsplit("/", 1)[-1]
+    category = _RPCS.get(name)
+    if category is not None:
+        return category
+    if "SharedMemory" in name:
+        return Category.SHARED_MEMORY
+    if name.startswith("Repository"):
+        return Category.MODEL_REPOSITORY
+    return None

@@ -88,7 +88,7 @@ class ModelStats:
         # batch size -> [executions, compute_input_ns, compute_infer_ns, compute_output_ns]
         self.batch_stats: dict[int, list[int]] = {}
         self.failures = dict.fromkeys(FAILURE_REASONS, 0)
-        # Set when --metrics-config turns on summaries or histograms (kernel.metrics).
+        # Set when --metrics-config turns on summaries or histograms (kernel.observe.metrics).
         self.observer: Any = None
         self.load_duration_s = 0.0
 

@@ -23,8 +23,8 @@ import mmap
 import os
 import stat
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse, InferTensor
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse, InferTensor
 
 # Where shm_open(3) puts POSIX shared-memory objects on Linux.
 SHM_DIR = "/dev/shm"

@@ -26,7 +26,7 @@ from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from kernel.errors import ErrorCode, KernelError
+from kernel.core.errors import ErrorCode, KernelError
 from kernel.protos.model_config_pb2 import (
     DataType,
     ModelConfig,

@@ -30,20 +30,20 @@ from typing import Any, Optional
 
 import numpy as np
 
-from kernel import datatypes
-from kernel import stats as st
-from kernel.dynamic_batcher import _TIMER_SLACK_NS, _respond_error, input_signature_checker, log_request
-from kernel.errors import ErrorCode, KernelError
-from kernel.config_pbtxt import sequence_control
+from kernel.core import datatypes
+from kernel.core import stats as st
+from kernel.core.scheduling.dynamic import _TIMER_SLACK_NS, _respond_error, input_signature_checker, log_request
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.config.pbtxt import sequence_control
 from kernel.protos.model_config_pb2 import DataType, ModelSequenceBatching
-from kernel.request import (
+from kernel.core.request import (
     REQUEST_FLAG_SEQUENCE_END,
     REQUEST_FLAG_SEQUENCE_START,
     InferRequest,
     InferTensor,
 )
 
-log = logging.getLogger("kernel.server")
+log = logging.getLogger("kernel.core.server")
 
 _Control = ModelSequenceBatching.Control
 _CORRID_INT_TYPES = {DataType.TYPE_UINT64, DataType.TYPE_INT64, DataType.TYPE_UINT32, DataType.TYPE_INT32}

@@ -14,10 +14,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kernel.errors import ErrorCode, KernelError
-from kernel.config_pbtxt import ModelConfig, parse_config_text
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.config.pbtxt import ModelConfig, parse_config_text
 
-log = logging.getLogger("kernel.repository")
+log = logging.getLogger("kernel.loading.repository")
 
 CONFIG_FILENAME = "config.pbtxt"
 CUSTOM_CONFIG_FOLDER = "configs"

@@ -1,4 +1,4 @@
-"""`kernel-sagemaker-serve` (or `python -m transports.sagemaker.serve`): start Kernel the way SageMaker expects.
+"""`kernel-sagemaker-serve` (or `python -m kernel.serve.sagemaker`): start Kernel the way SageMaker expects.
 
 SageMaker starts a hosting container as `docker run <image> serve`; point the
 image's `serve` at this entry point. It reads the SageMaker environment the
@@ -192,7 +192,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(str(exc), file=sys.stderr, flush=True)
         return 1
     os.environ.update(settings)
-    from kernel import cli
+    from kernel.serve import cli
 
     return cli.main(["serve", *kernel_args])
 

@@ -20,9 +20,9 @@ import asyncio
 from collections import deque
 from typing import Optional
 
-from kernel import stats as st
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse
+from kernel.core import stats as st
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse
 
 # uvloop timers have millisecond resolution: a timer that fires is taken to
 # have reached a deadline that is less than this much later.

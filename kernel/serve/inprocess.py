@@ -17,10 +17,12 @@ from typing import Any, Awaitable, Callable, Optional
 
 import uvloop
 
-from kernel import cli, server_log
-from kernel.server import Server, StartupError
+from kernel.serve import cli
 
-log = logging.getLogger("kernel.server")
+from kernel.observe import log as server_log
+from kernel.core.server import Server, StartupError
+
+log = logging.getLogger("kernel.core.server")
 
 
 class ServerArgumentError(ValueError):

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kernel import stats as st
-from kernel.dynamic_batcher import log_request
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest, InferResponse, InferTensor, RequestedOutput
+from kernel.core import stats as st
+from kernel.core.scheduling.dynamic import log_request
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 
 class _Step:
@@ -246,7 +246,7 @@ async def wait_for_steps(core, model) -> None:
     when one is missing, failed to load, or the ensembles depend on each other in a circle."""
     import asyncio
 
-    from kernel.model import ModelState
+    from kernel.core.model import ModelState
 
     name = model.name
     steps = model.config.ensemble_scheduling.step

@@ -10,11 +10,11 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from kernel import datatypes
-from kernel.backend import BackendInstance, ModelSource
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest
-from kernel.stats import ModelStats
+from kernel.core import datatypes
+from kernel.core.backend import BackendInstance, ModelSource
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest
+from kernel.core.stats import ModelStats
 
 
 class ModelState(enum.Enum):

@@ -2,9 +2,9 @@
 
 Which one a model gets follows its config, as in Triton:
 
-- `dynamic_batching`  -> kernel.dynamic_batcher.DynamicBatcher
-- `sequence_batching` -> kernel.sequence_batcher.SequenceBatcher
-- `platform: "ensemble"` -> kernel.ensemble.EnsembleScheduler
+- `dynamic_batching`  -> kernel.core.scheduling.dynamic.DynamicBatcher
+- `sequence_batching` -> kernel.core.scheduling.sequence.SequenceBatcher
+- `platform: "ensemble"` -> kernel.core.scheduling.ensemble.EnsembleScheduler
 - none of these       -> DirectScheduler
 
 The direct scheduler runs one request per execution (see DirectScheduler).
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from kernel.backend import BackendInstance
-from kernel.errors import ErrorCode, KernelError
-from kernel.request import InferRequest
+from kernel.core.backend import BackendInstance
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest
 
 
 class DirectScheduler:
@@ -76,8 +76,8 @@ class DirectScheduler:
             instance.submit([request])
 
     def _cancelled(self, request: InferRequest) -> None:
-        from kernel import stats as st
-        from kernel.request import InferResponse
+        from kernel.core import stats as st
+        from kernel.core.request import InferResponse
 
         model = self.model
         if model is not None:
@@ -95,7 +95,7 @@ class DirectScheduler:
 
     def close(self) -> None:
         error = KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; the request was not executed")
-        from kernel.request import InferResponse
+        from kernel.core.request import InferResponse
 
         while self._queue:
             request = self._queue.popleft()
@@ -108,15 +108,15 @@ def make_scheduler(core, model):
     cfg = model.config
     choice = cfg.WhichOneof("scheduling_choice")
     if choice == "ensemble_scheduling":
-        from kernel.ensemble import EnsembleScheduler
+        from kernel.core.scheduling.ensemble import EnsembleScheduler
 
         return EnsembleScheduler(core, model)
     if choice == "dynamic_batching":
-        from kernel.dynamic_batcher import DynamicBatcher
+        from kernel.core.scheduling.dynamic import DynamicBatcher
 
         return DynamicBatcher(model, model.instances)
     if choice == "sequence_batching":
-        from kernel.sequence_batcher import SequenceBatcher
+        from kernel.core.scheduling.sequence import SequenceBatcher
 
         return SequenceBatcher(model, model.instances)
     return DirectScheduler(model.name, model.instances, model)

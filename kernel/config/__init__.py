@@ -1,0 +1,1 @@
+"""config.pbtxt: parse and render, complete (defaults and auto-complete), validate."""

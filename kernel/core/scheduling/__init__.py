@@ -1,0 +1,1 @@
+"""Schedulers: direct, dynamic batcher, sequence batcher, ensemble."""

@@ -1,0 +1,1 @@
+"""Loading models: the model repository, model control modes, the repository API."""

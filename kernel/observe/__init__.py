@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, request tracing, the server log."""
