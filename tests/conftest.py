@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 EXAMPLES = ROOT / "model_repo_examples"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 

@@ -24,9 +24,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from kernel.backends.python import envarchive
-from conftest import KernelProcess
+from conftest import TESTS, KernelProcess
 
-ENV_MODEL = Path(__file__).resolve().parent / "execution_env" / "env_model.py"
+ENV_MODEL = TESTS / "execution_env" / "env_model.py"
 PY = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
 

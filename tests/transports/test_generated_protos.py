@@ -6,8 +6,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = ROOT
 
 
 def _load_generator():

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as tc_model_config
 from tritonclient.grpc import service_pb2 as tc_pb
 from tritonclient.grpc import service_pb2_grpc as tc_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from conftest import ROOT
 
 
 @pytest.fixture
@@ -572,7 +573,7 @@ def _descriptor_set(proto: str, tmp_path):
     import grpc_tools
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     out = tmp_path / "set.pb"
     include = Path(grpc_tools.__file__).resolve().parent / "_proto"
     assert protoc.main(["protoc", f"--proto_path={root}", f"--proto_path={include}",

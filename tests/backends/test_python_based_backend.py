@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import KernelProcess
+from conftest import ROOT, TESTS, KernelProcess
 
-HERE = Path(__file__).resolve().parent / "python_based"
+HERE = TESTS / "python_based"
 BACKENDS = HERE / "backends"
 MODELS = HERE / "models"
 BAD_MODELS = HERE / "bad_models"
-ROOT = Path(__file__).resolve().parent.parent
+
 
 
 @pytest.fixture(scope="module")

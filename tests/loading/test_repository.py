@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from kernel.config import pbtxt as mc
+from conftest import TESTS
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.loading.repository import (
     ModelDir,
@@ -22,7 +23,7 @@ def _add_sub_triton_json() -> str:
     """The observed Triton JSON, kept once in test_model_config.py."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_observed", Path(__file__).with_name("test_model_config.py"))
+    spec = importlib.util.spec_from_file_location("_observed", TESTS / "config" / "test_model_config.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.ADD_SUB_TRITON_JSON
