@@ -22,6 +22,10 @@ from __future__ import annotations
 import enum
 import itertools
 import threading
+import weakref
+
+from . import _hooks as hooks
+from ._errors import TritonModelException
 
 
 class MetricKind(enum.IntEnum):
@@ -31,8 +35,6 @@ class MetricKind(enum.IntEnum):
 
 
 def _exception(message):
-    from triton_python_backend_utils import TritonModelException
-
     return TritonModelException(message)
 
 
@@ -95,9 +97,7 @@ _local = _LocalHandler()
 
 
 def _handler():
-    import triton_python_backend_utils as pb_utils
-
-    return pb_utils._metrics_handler or _local
+    return hooks.metrics_handler() or _local
 
 
 class Metric:
@@ -232,6 +232,4 @@ class MetricFamily:
 
 
 def _WeakMetric(metric):  # noqa: N802
-    import weakref
-
     return weakref.ref(metric)

@@ -1,0 +1,143 @@
+"""pb_utils.Logger: model log lines in the server's log format, with the
+caller's file and line; the worker mirrors the server's log settings here."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+import time
+
+
+class LogLevel(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEVEL_LETTER = {
+    LogLevel.INFO: "I",
+    LogLevel.WARNING: "W",
+    LogLevel.ERROR: "E",
+    LogLevel.VERBOSE: "I",
+}
+
+log_settings = {
+    "verbose": 0,
+    "info": True,
+    "warning": True,
+    "error": True,
+    "format": "default",
+    "escape": os.environ.get("TRITON_SERVER_ESCAPE_LOG_MESSAGES", "1") != "0",
+    "sink": None,
+}
+
+
+def set_log_verbosity(level):
+    """Worker hook: verbose log level (``--log-verbose``); >0 shows
+    ``log_verbose`` messages."""
+    log_settings["verbose"] = int(level)
+
+
+def configure_logging(verbose=None, info=None, warning=None, error=None,
+                       log_format=None, escape=None, sink=None):
+    """Worker hook: mirror the server's log settings.
+
+    ``log_format`` is "default" or "ISO8601"; ``escape`` toggles JSON quoting
+    of messages; ``sink`` is a callable receiving each finished line (without
+    newline) instead of it being written to stderr (``sink=False`` goes back
+    to stderr).  Arguments left as None keep their current value.
+    """
+    if verbose is not None:
+        log_settings["verbose"] = int(verbose)
+    for key, value in (("info", info), ("warning", warning), ("error", error),
+                       ("escape", escape)):
+        if value is not None:
+            log_settings[key] = bool(value)
+    if log_format is not None:
+        if log_format not in ("default", "ISO8601"):
+            raise ValueError("log_format must be 'default' or 'ISO8601'")
+        log_settings["format"] = log_format
+    if sink is False:
+        log_settings["sink"] = None
+    elif sink is not None:
+        log_settings["sink"] = sink
+
+
+def _level_enabled(level):
+    if level == LogLevel.VERBOSE:
+        return log_settings["verbose"] > 0
+    if level == LogLevel.WARNING:
+        return log_settings["warning"]
+    if level == LogLevel.ERROR:
+        return log_settings["error"]
+    return log_settings["info"]
+
+
+def _format_log_line(level, filename, lineno, message, now=None):
+    if now is None:
+        now = time.time()
+    seconds = int(now)
+    micros = int((now - seconds) * 1_000_000)
+    utc = time.gmtime(seconds)
+    letter = _LEVEL_LETTER.get(level, "I")
+    if log_settings["escape"]:
+        message = json.dumps(message, ensure_ascii=False)
+    location = "%d %s:%d] %s" % (
+        os.getpid(), os.path.basename(filename), lineno, message)
+    if log_settings["format"] == "ISO8601":
+        return "%04d-%02d-%02dT%02d:%02d:%02dZ %s %s" % (
+            utc.tm_year, utc.tm_mon, utc.tm_mday, utc.tm_hour, utc.tm_min,
+            utc.tm_sec, letter, location)
+    return "%s%02d%02d %02d:%02d:%02d.%06d %s" % (
+        letter, utc.tm_mon, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+        micros, location)
+
+
+def _emit(level, message, depth):
+    if not _level_enabled(level):
+        return
+    frame = sys._getframe(depth + 1)
+    line = _format_log_line(level, frame.f_code.co_filename, frame.f_lineno,
+                            str(message))
+    sink = log_settings["sink"]
+    if sink is not None:
+        sink(line)
+        return
+    stream = sys.stderr
+    if stream is not None:
+        stream.write(line + "\n")
+        stream.flush()
+
+
+class Logger:
+    """Writes messages to the server log, tagged with the caller's file and
+    line.  All methods are static: ``pb_utils.Logger.log_info("...")``."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
+    @staticmethod
+    def log(message, level=LogLevel.INFO):
+        _emit(LogLevel(level), message, 1)
+
+    @staticmethod
+    def log_info(message):
+        _emit(LogLevel.INFO, message, 1)
+
+    @staticmethod
+    def log_warn(message):
+        _emit(LogLevel.WARNING, message, 1)
+
+    @staticmethod
+    def log_error(message):
+        _emit(LogLevel.ERROR, message, 1)
+
+    @staticmethod
+    def log_verbose(message):
+        _emit(LogLevel.VERBOSE, message, 1)
