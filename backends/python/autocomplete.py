@@ -23,7 +23,8 @@ def main(argv=None) -> int:
     config = json.loads(sys.stdin.read() or "{}")
     try:
         import triton_python_backend_utils as pb_utils
-        from kernel.backends.python.worker import _format_exception, load_model_class
+        from kernel.backends.python.model_import import load_model_class
+        from kernel.backends.python.worker_log import format_exception
 
         cls = load_model_class(args.model_file)
         hook = getattr(cls, "auto_complete_config", None)
@@ -36,7 +37,7 @@ def main(argv=None) -> int:
                 )
             config = completed.as_dict()
     except BaseException as exc:  # noqa: BLE001 - reported to the front process
-        json.dump({"error": _format_exception(exc)}, result_out)
+        json.dump({"error": format_exception(exc)}, result_out)
         result_out.flush()
         return 1
     json.dump({"config": config}, result_out)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import inspect
 import json
 import logging
@@ -26,7 +25,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -34,73 +32,19 @@ import numpy as np
 from kernel.backends.python import messages, wire
 from kernel.backends.python.arena import Arena, PeerArena
 from kernel.backends.python.bls import BlsClient
+from kernel.backends.python.execution_record import Batch, batch_size, execution_record
+from kernel.backends.python.inline_channel import InlineChannel
 from kernel.backends.python.metrics_client import MetricsClient
+from kernel.backends.python.model_import import load_model_class
 from kernel.backends.python.model_loading import ModelLoadingClient
 from kernel.backends.python.model_thread import ModelThread
-from kernel.backends.python.inline_channel import InlineChannel
+from kernel.backends.python.responses import ResponseSink, pack_tensor, response_message
+from kernel.backends.python.worker_log import apply_log_settings, format_exception
 from kernel.core import datatypes
 
 import triton_python_backend_utils as pb_utils  # noqa: E402  (model code imports it too)
-from kernel.observe import log as server_log
 
 log = logging.getLogger("kernel.worker")
-
-
-def _format_exception(exc: BaseException) -> str:
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(tb))
-    text = f"{type(exc).__name__}: {exc}"
-    return f"{text}\n\nAt:\n{where}" if where else text
-
-
-def load_model_class(model_file: str):
-    """Import model.py as a fresh module and return its TritonPythonModel class."""
-    path = Path(model_file)
-    if not path.is_file():
-        raise FileNotFoundError(f"unable to find model file '{model_file}'")
-    # Models import helper modules that sit next to model.py.
-    sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location("model", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["model"] = module
-    spec.loader.exec_module(module)
-    cls = getattr(module, "TritonPythonModel", None)
-    if cls is None:
-        raise AttributeError(f"'{model_file}' does not define class TritonPythonModel")
-    return cls
-
-
-# Triton's numeric TritonError codes -> our ErrorCode names.
-_ERROR_CODE_NAMES = {
-    getattr(pb_utils.TritonError, name): name
-    for name in ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED")
-}
-
-
-class ResponseSink:
-    """Delivers one request's responses to the front process, from any thread.
-
-    It is the callback behind the request's InferenceResponseSender, which
-    enforces Triton's sending rules before anything reaches here.
-    """
-
-    __slots__ = ("worker", "key", "requested", "cancelled", "sender")
-
-    def __init__(self, worker: "Worker", key: int, requested):
-        self.worker = worker
-        self.key = key
-        self.requested = requested
-        self.cancelled = False
-        self.sender = None
-
-    def send(self, response, flags: int) -> None:
-        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        self.worker.call_on_loop(self.worker.send_response, self, response, final)
-
-    def is_cancelled(self) -> bool:
-        if not self.cancelled and self.worker.pumping_here():
-            self.worker.poll_inline()  # a Cancel may be waiting in the socket
-        return self.cancelled
 
 
 class Worker:
@@ -244,7 +188,7 @@ class Worker:
             if not hasattr(self.model, "execute"):
                 raise AttributeError("TritonPythonModel has no 'execute' method")
         except BaseException as exc:  # noqa: BLE001 - any failure is reported to the front
-            message = f"Failed to initialize Python stub: {_format_exception(exc)}"
+            message = f"Failed to initialize Python stub: {format_exception(exc)}"
             log.error("%s", message)
             self.channel.send(messages.Ready(message))
             return
@@ -265,7 +209,7 @@ class Worker:
             else:
                 ready, reason = result, "" if result else "is_ready() returned False"
         except BaseException as exc:  # noqa: BLE001
-            ready, reason = False, f"is_ready() raised {_format_exception(exc)}"
+            ready, reason = False, f"is_ready() raised {format_exception(exc)}"
         self.channel.send(messages.ReadyResult(key, ready, reason))
 
     async def shutdown(self) -> None:
@@ -278,7 +222,7 @@ class Worker:
                 else:
                     await self.model_thread.submit(fin)
             except BaseException as exc:  # noqa: BLE001
-                error = _format_exception(exc)
+                error = format_exception(exc)
         try:
             self.channel.send(messages.Finalized(error))
         except ConnectionError:
@@ -304,7 +248,7 @@ class Worker:
 
     def execute(self, wire_requests: list[messages.Request], trace_key: int = 0) -> None:
         requests = []
-        keys = _Batch(time.monotonic_ns())
+        keys = Batch(time.monotonic_ns())
         keys.trace_key = trace_key
         for r in wire_requests:
             requested = r.requested_outputs or None
@@ -332,7 +276,7 @@ class Worker:
             )
             requests.append(request)
             keys.append(r.key)
-            keys.meta.append((r.arrival_ns, _batch_size(r, self.max_batch_size)))
+            keys.meta.append((r.arrival_ns, batch_size(r, self.max_batch_size)))
         keys.requests = requests
         keys.input_end = time.monotonic_ns()
         if not requests:
@@ -451,7 +395,7 @@ class Worker:
         if exc is not None:
             message = (
                 f"Failed to process the request(s) for model instance '{self.instance_name}', "
-                f"message: {_format_exception(exc)}"
+                f"message: {format_exception(exc)}"
             )
             log.error("%s", message)
             self._fail_open(sinks, message)
@@ -514,50 +458,11 @@ class Worker:
     def send_response(self, sink: ResponseSink, response, final: bool) -> None:
         if final:
             self.sinks.pop(sink.key, None)
-        if response is None:
-            self._queue(messages.Response(sink.key, final=final, has_response=False))
-            return
-        if not isinstance(response, pb_utils.InferenceResponse):
-            self._queue(
-                messages.Response(
-                    sink.key,
-                    error=messages.Error(
-                        "INTERNAL",
-                        f"Expected an 'InferenceResponse' object in the execute function return list, "
-                        f"found type '{type(response)}'.",
-                    ),
-                    final=final,
-                )
-            )
-            return
-        if response.has_error():
-            err = response.error()
-            code = _ERROR_CODE_NAMES.get(err.code(), "INTERNAL")
-            self._queue(messages.Response(sink.key, error=messages.Error(code, err.message()), final=final))
-            return
-        try:
-            outputs = []
-            for tensor in response.output_tensors():
-                name = tensor.name()
-                if sink.requested is not None and name not in sink.requested:
-                    continue
-                outputs.append(self.pack_tensor(tensor))
-        except Exception as exc:  # noqa: BLE001 - bad output tensors fail this request only
-            self._queue(messages.Response(sink.key, error=messages.Error("INTERNAL", str(exc)), final=final))
-            return
-        params = response.parameters()
-        self._queue(messages.Response(sink.key, outputs, None, params if params and params != "{}" else "", final))
+        self._queue(response_message(sink, response, final, self.arena))
 
     def pack_tensor(self, tensor) -> messages.Tensor:
-        """A pb_utils.Tensor in message form (inline, or copied into our arena)."""
-        datatype = tensor._datatype
-        arr = tensor._array
-        if datatype == "BYTES":
-            raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
-        else:
-            arr = np.ascontiguousarray(arr)
-            raw = memoryview(arr).cast("B") if arr.size else b""
-        return wire.pack(tensor.name(), datatype, arr.shape, raw, self.arena)
+        """A pb_utils.Tensor in message form (BLS inputs travel this way too)."""
+        return pack_tensor(tensor, self.arena)
 
     # ---- statistics and rescheduling (see kernel.core.stats, kernel.core.scheduling.sequence) ----
 
@@ -570,31 +475,9 @@ class Worker:
             if sink is not None and not sink.sender._is_closed():
                 self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
 
-    def _report_execution(self, batch: "_Batch", result, exc) -> None:
+    def _report_execution(self, batch: Batch, result, exc) -> None:
         """One Execution record per Execute message: the front's statistics and schedulers need it."""
-        end = time.monotonic_ns()
-        input_end = batch.input_end or end
-        exec_start = batch.exec_start or input_end
-        exec_end = batch.exec_end or end
-        start = exec_start - (input_end - batch.start)  # input preparation, moved up to when execute began
-        ok_request: list[int] = []
-        ok_queue: list[int] = []
-        failed = [end - a for a in batch.failed_early]
-        inference_count = 0
-        total = 0
-        outcomes = _outcomes(batch, result, exc, self.decoupled)
-        for (arrival, bs), outcome in zip(batch.meta, outcomes):
-            total += bs
-            if not arrival or outcome is None:
-                continue
-            if outcome:
-                ok_request.append(end - arrival)
-                ok_queue.append(max(0, start - arrival))
-                inference_count += bs
-            else:
-                failed.append(end - arrival)
-        self._executions.append(messages.Execution(
-            total, start, exec_start, exec_end, end, inference_count, ok_request, ok_queue, failed, batch.trace_key))
+        self._executions.append(execution_record(batch, result, exc, self.decoupled))
         self._schedule_flush()
 
     def _queue(self, response: messages.Response) -> None:
@@ -630,84 +513,6 @@ class Worker:
 _ANY_THREAD = frozenset((messages.Cancel, messages.BlsResponses, messages.ModelControlResult,
                          messages.MetricReply, messages.SegmentAdded))
 _OFF_LOOP_STEP_S = 0.005
-
-
-class _Batch(list):
-    """The keys of one Execute message, with what its statistics need."""
-
-    def __init__(self, start: int):
-        super().__init__()
-        self.start = start
-        self.input_end = 0
-        self.exec_start = 0
-        self.exec_end = 0
-        self.meta: list[tuple[int, int]] = []  # (arrival_ns, batch size) per request handed to execute
-        self.failed_early: list[int] = []  # arrival_ns of requests failed before execute
-        self.trace_key = 0  # the Execute message's trace_key (echoed in its Execution record)
-        self.requests: list = []
-
-    def run(self, execute, requests):
-        """On the model thread: execute, timed."""
-        self.exec_start = time.monotonic_ns()
-        try:
-            return execute(requests)
-        finally:
-            self.exec_end = time.monotonic_ns()
-
-
-_log_files: dict[str, object] = {}  # log file path -> the open file model log lines are appended to
-_installed_log_file: list = [None]  # the file server_log.install() last routed the worker's own loggers to
-
-
-def apply_log_settings(settings: messages.LogSettings) -> None:
-    """The server's log settings, for pb_utils.Logger and the worker's own messages alike."""
-    sink = False
-    if settings.file:
-        stream = _log_files.get(settings.file)
-        if stream is None:
-            try:
-                stream = _log_files[settings.file] = open(settings.file, "a", buffering=1)
-            except OSError as exc:
-                log.error("cannot open log file '%s': %s", settings.file, exc)
-        if stream is not None:
-            sink = lambda line, stream=stream: stream.write(line + "\n")  # noqa: E731 - one write per line
-    pb_utils._configure_logging(
-        verbose=settings.verbose, info=settings.info, warning=settings.warning, error=settings.error,
-        log_format=settings.format, sink=sink,
-    )
-    core = server_log.LogSettings(
-        settings.file, settings.info, settings.warning, settings.error, settings.verbose, settings.format
-    )
-    if _installed_log_file[0] != settings.file:
-        _installed_log_file[0] = settings.file
-        server_log.install(core)
-    else:
-        server_log.apply(core)
-
-
-def _batch_size(r: messages.Request, max_batch_size: int) -> int:
-    if max_batch_size > 0 and r.inputs and r.inputs[0].shape:
-        return max(1, r.inputs[0].shape[0])
-    return 1
-
-
-def _outcomes(batch: _Batch, result, exc, decoupled: bool) -> list:
-    """Per request handed to execute: True succeeded, False failed, None neither (rescheduled)."""
-    n = len(batch.meta)
-    if exc is not None:
-        return [False] * n
-    if result is None:
-        return [None if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE else True
-                for r in batch.requests]
-    if decoupled or not isinstance(result, list) or len(result) != n:
-        return [False] * n
-    out = []
-    for request, response in zip(batch.requests, result):
-        if request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            out.append(None if response is None else False)
-        else:
-            out.append(isinstance(response, pb_utils.InferenceResponse) and not response.has_error())
-    return out
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,84 @@
+"""Model responses on their way to the front process.
+
+ResponseSink is the callback behind each request's InferenceResponseSender
+(which enforces Triton's sending rules first); response_message turns a
+pb_utils.InferenceResponse into the Response message the front reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+from kernel.backends.python import messages, wire
+from kernel.core import datatypes
+
+# Triton's numeric TritonError codes -> our ErrorCode names.
+ERROR_CODE_NAMES = {
+    getattr(pb_utils.TritonError, name): name
+    for name in ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED")
+}
+
+
+class ResponseSink:
+    """Delivers one request's responses to the front process, from any thread."""
+
+    __slots__ = ("worker", "key", "requested", "cancelled", "sender")
+
+    def __init__(self, worker, key: int, requested):
+        self.worker = worker
+        self.key = key
+        self.requested = requested
+        self.cancelled = False
+        self.sender = None
+
+    def send(self, response, flags: int) -> None:
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.worker.call_on_loop(self.worker.send_response, self, response, final)
+
+    def is_cancelled(self) -> bool:
+        if not self.cancelled and self.worker.pumping_here():
+            self.worker.poll_inline()  # a Cancel may be waiting in the socket
+        return self.cancelled
+
+
+def pack_tensor(tensor, arena) -> messages.Tensor:
+    """A pb_utils.Tensor in message form (inline, or copied into the worker's arena)."""
+    datatype = tensor._datatype
+    arr = tensor._array
+    if datatype == "BYTES":
+        raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
+    else:
+        arr = np.ascontiguousarray(arr)
+        raw = memoryview(arr).cast("B") if arr.size else b""
+    return wire.pack(tensor.name(), datatype, arr.shape, raw, arena)
+
+
+def response_message(sink: ResponseSink, response, final: bool, arena) -> messages.Response:
+    """The Response message for what the model gave as request sink.key's response (None: none)."""
+    if response is None:
+        return messages.Response(sink.key, final=final, has_response=False)
+    if not isinstance(response, pb_utils.InferenceResponse):
+        return messages.Response(
+            sink.key,
+            error=messages.Error(
+                "INTERNAL",
+                f"Expected an 'InferenceResponse' object in the execute function return list, "
+                f"found type '{type(response)}'.",
+            ),
+            final=final,
+        )
+    if response.has_error():
+        err = response.error()
+        code = ERROR_CODE_NAMES.get(err.code(), "INTERNAL")
+        return messages.Response(sink.key, error=messages.Error(code, err.message()), final=final)
+    try:
+        outputs = []
+        for tensor in response.output_tensors():
+            if sink.requested is not None and tensor.name() not in sink.requested:
+                continue
+            outputs.append(pack_tensor(tensor, arena))
+    except Exception as exc:  # noqa: BLE001 - bad output tensors fail this request only
+        return messages.Response(sink.key, error=messages.Error("INTERNAL", str(exc)), final=final)
+    params = response.parameters()
+    return messages.Response(sink.key, outputs, None, params if params and params != "{}" else "", final)

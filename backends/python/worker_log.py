@@ -1,0 +1,51 @@
+"""How a worker reports: the server's log settings applied to pb_utils.Logger and
+the worker's own loggers, and exceptions formatted as Triton's stub prints them."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+import triton_python_backend_utils as pb_utils
+from kernel.backends.python import messages
+from kernel.observe import log as server_log
+
+log = logging.getLogger("kernel.worker")
+
+
+def format_exception(exc: BaseException) -> str:
+    """The exception, then its frames innermost first (the stub's "At:" layout)."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(tb))
+    text = f"{type(exc).__name__}: {exc}"
+    return f"{text}\n\nAt:\n{where}" if where else text
+
+
+_log_files: dict[str, object] = {}  # log file path -> the open file model log lines are appended to
+_installed_log_file: list = [None]  # the file server_log.install() last routed the worker's own loggers to
+
+
+def apply_log_settings(settings: messages.LogSettings) -> None:
+    """The server's log settings, for pb_utils.Logger and the worker's own messages alike."""
+    sink = False
+    if settings.file:
+        stream = _log_files.get(settings.file)
+        if stream is None:
+            try:
+                stream = _log_files[settings.file] = open(settings.file, "a", buffering=1)
+            except OSError as exc:
+                log.error("cannot open log file '%s': %s", settings.file, exc)
+        if stream is not None:
+            sink = lambda line, stream=stream: stream.write(line + "\n")  # noqa: E731 - one write per line
+    pb_utils._configure_logging(
+        verbose=settings.verbose, info=settings.info, warning=settings.warning, error=settings.error,
+        log_format=settings.format, sink=sink,
+    )
+    core = server_log.LogSettings(
+        settings.file, settings.info, settings.warning, settings.error, settings.verbose, settings.format
+    )
+    if _installed_log_file[0] != settings.file:
+        _installed_log_file[0] = settings.file
+        server_log.install(core)
+    else:
+        server_log.apply(core)
