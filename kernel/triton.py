@@ -157,7 +157,7 @@ class Triton:
         self._backend.register(self._bound_model(model))
         folder = self._workspace.model_store_path / model.model_name
         try:
-            self._runtime.call(self._runtime.server.load_model_from_path(model.model_name, folder))
+            self._runtime.call(self._runtime.server.control.load_from_path(model.model_name, folder))
         except KernelError as exc:
             self._backend.unregister(model.model_name, model.model_version)
             raise PyTritonModelConfigError(exc.message) from None

@@ -296,7 +296,7 @@ class WorkerInstance(BackendInstance):
             if msg.executions:
                 self._on_executions(msg.executions)
         elif type(msg) is messages.MetricOps:
-            _handle_metric_ops(self, getattr(self.core, "custom_metrics", None), msg.ops)
+            _handle_metric_ops(self, self.core.custom_metrics if self.core is not None else None, msg.ops)
         elif type(msg) is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self._fd_sock, 1, 1)
             self._peer.add(msg.segment, fds[0], msg.size)
@@ -475,7 +475,7 @@ class WorkerInstance(BackendInstance):
 
     async def _on_model_control(self, msg: messages.ModelControl) -> None:
         """Serve a model's call through the core's model control; the answer goes back to the worker."""
-        control = getattr(self.core, "control", None)
+        control = self.core.control if self.core is not None else None
         error, ready = None, False
         try:
             if control is None:
@@ -523,7 +523,7 @@ class WorkerInstance(BackendInstance):
             if stats is not None and request.arrival_ns:
                 stats.record_failure("BACKEND", time.monotonic_ns() - request.arrival_ns)
             _respond_error(request, error, self.source)
-        metrics = getattr(self.core, "custom_metrics", None)
+        metrics = self.core.custom_metrics if self.core is not None else None
         if metrics is not None:
             metrics.drop_owner(self)
         self._executing = 0

@@ -75,8 +75,32 @@ class BackendInstance(abc.ABC):
         """Let in-flight work finish (up to timeout), finalize the model, end the instance."""
 
 
+class ModelControlHandle(Protocol):
+    """Model control as the core and backends see it (kernel.loading.control.ModelControl)."""
+
+    async def load_startup_models(self) -> bool: ...
+
+    def start_polling(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def load(self, name: str, config: Optional[str] = None, files: Optional[dict[str, bytes]] = None) -> None: ...
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    async def is_ready(self, name: str, version: str = "") -> bool: ...
+
+
 class CoreHandle(Protocol):
-    """What a backend may ask of the core: run a request (BLS), look a model up."""
+    """Everything a backend may ask of the core.
+
+    Run a request (BLS) and look a model up; load and unload models (pb_utils.load_model and
+    friends go through `control`); and the custom metric families models create
+    (`custom_metrics`: kernel.observe.metrics.CustomMetrics, None when metrics are off).
+    """
+
+    control: Optional[ModelControlHandle]
+    custom_metrics: Any
 
     def submit(self, request: InferRequest) -> None: ...
 

@@ -36,6 +36,8 @@ from kernel.config import pbtxt as config_pbtxt
 from kernel.loading import repository
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.model import Model, ModelState
+from kernel.loading.loader import ModelLoader
+from kernel.loading.names import parse_version, printable, validate_model_name
 from kernel.loading.files import Fingerprint, fingerprint, remove_override_folder, write_override_folder
 from kernel.core.registry import UNLOADED
 
@@ -54,58 +56,6 @@ class ControlMode(str, enum.Enum):
 LOAD_ALL = "*"
 NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
 DUPLICATE = "model appears in two or more repositories"
-# Characters a shell gives a meaning to; a model name is never handed to a
-# shell, but a name made of them is a mistake or an attack, not a model.
-_SHELL_CHARACTERS = frozenset(";&|$`<>()*?!'\"[]{}~#")
-_NAME_MAX = 255  # bytes in one path component (Linux NAME_MAX)
-
-
-def validate_model_name(name: str) -> None:
-    """Refuse a model name that could not be a model folder of a repository (KernelError INVALID_ARG)."""
-    stripped = name.strip()
-    if not stripped:
-        raise KernelError(ErrorCode.INVALID_ARG, "Model name cannot be empty. Please enter a valid name to deploy.")
-    shown = _show(name)
-    if stripped in (".", "..") or "/" in name or "\\" in name:
-        raise KernelError(
-            ErrorCode.INVALID_ARG,
-            f"invalid model name '{shown}', model name must not contain path traversal characters",
-        )
-    bad = sorted({c for c in name if not c.isprintable() or c.isspace() or c in _SHELL_CHARACTERS})
-    if bad:
-        listed = " ".join(repr(c) for c in bad)
-        raise KernelError(
-            ErrorCode.INVALID_ARG,
-            f"invalid model name '{shown}', model name must not contain whitespace, control characters or shell "
-            f"metacharacters (found {listed})",
-        )
-    if len(name.encode("utf-8", "surrogatepass")) > _NAME_MAX:
-        raise KernelError(
-            ErrorCode.INVALID_ARG, f"invalid model name '{shown[:64]}...', model name is longer than {_NAME_MAX} bytes"
-        )
-
-
-def parse_version(version: str) -> str:
-    """A pb_utils.is_model_ready version string, checked as Triton's Python backend checks it."""
-    if not version:
-        return ""
-    try:
-        number = int(version)
-    except ValueError:
-        raise KernelError(
-            ErrorCode.INVALID_ARG,
-            f"failed to get model version from specified version string '{version}' (details: stol), "
-            "version should be an integral value > 0",
-        ) from None
-    if number < 0:
-        raise KernelError(
-            ErrorCode.INVALID_ARG,
-            f"failed to get model version from specified version string '{version}', "
-            "version should be an integral value > 0",
-        )
-    return str(number)
-
-
 @dataclass
 class _Tracked:
     """What model control knows of a model it loaded (or tried to)."""
@@ -119,8 +69,9 @@ class _Tracked:
 
 
 class ModelControl:
-    def __init__(self, server: "Server"):
+    def __init__(self, server: "Server", loader: Optional[ModelLoader] = None):
         self.server = server
+        self.loader = loader or ModelLoader(server)
         options = server.options
         self.mode = ControlMode(options.model_control_mode)
         self.poll_secs = float(options.repository_poll_secs)
@@ -149,7 +100,7 @@ class ModelControl:
                 try:
                     validate_model_name(name)
                 except KernelError as exc:
-                    log.error("failed to poll model '%s': %s", _show(name), exc.message)
+                    log.error("failed to poll model '%s': %s", printable(name), exc.message)
                     all_found = False
                     continue
                 if name not in dirs and name not in duplicates:
@@ -168,7 +119,7 @@ class ModelControl:
         prints: dict[str, Optional[Fingerprint]] = {}
         if self.mode is not ControlMode.NONE:
             prints = await asyncio.to_thread(_fingerprints, {n: dirs[n] for n in names})
-        await asyncio.gather(*(self.server.load_model(dirs[n]) for n in names))
+        await asyncio.gather(*(self.loader.load(dirs[n]) for n in names))
         if self.mode is not ControlMode.NONE:
             for name in names:
                 entry = self.server.registry.entries.get(name)
@@ -209,7 +160,7 @@ class ModelControl:
 
     async def poll(self) -> None:
         """One look at the repositories: load added, reload changed and unload removed models."""
-        if self.server._shutting_down:
+        if self.server.stopping:
             return
         try:
             dirs, duplicates = await asyncio.to_thread(self._scan)
@@ -284,7 +235,7 @@ class ModelControl:
         """
         self._check_allowed()
         validate_model_name(name)
-        if self.server._shutting_down:
+        if self.server.stopping:
             raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; models cannot be loaded")
         override = None
         if config:
@@ -310,6 +261,15 @@ class ModelControl:
             targets = self._with_unneeded_steps(targets)
         for target in targets:
             await self._unload_now(target)
+
+    async def load_from_path(self, name: str, path) -> None:
+        """Load the model folder at `path` under `name` (SageMaker multi-model endpoints, PyTriton's
+        bind), in any control mode; KernelError when it cannot serve (see ModelLoader.load_from_path)."""
+        await self.loader.load_from_path(name, path)
+
+    async def unload_from_path(self, name: str) -> None:
+        """Unload a model that load_from_path loaded: in-flight requests finish first."""
+        await self.loader.unload_from_path(name)
 
     async def is_ready(self, name: str, version: str = "") -> bool:
         """pb_utils.is_model_ready: allowed in every mode."""
@@ -398,7 +358,7 @@ class ModelControl:
         try:
             # The config file is read in a thread: runtime loads must not block the event loop.
             base = override if override is not None else await asyncio.to_thread(repository.load_model_config, md)
-            cfg = await server._complete_config(md, base)
+            cfg = await self.loader.complete_config(md, base)
             wanted = repository.select_versions(cfg, sorted(md.versions))
         except Exception as exc:  # noqa: BLE001 - reported to the caller, the old versions keep serving
             reason = exc.message if isinstance(exc, KernelError) else f"{type(exc).__name__}: {exc}"
@@ -415,11 +375,11 @@ class ModelControl:
             if v in live and same_folder and fp.same_version(tracked.served, v)
             and _comparable(live[v].config_dict) == comparable
         }
-        fresh = {v: server._new_model(md, cfg, v) for v in wanted if v not in keep}
+        fresh = {v: self.loader.new_model(md, cfg, v) for v in wanted if v not in keep}
         for v, model in fresh.items():
             if v not in live:  # nothing serves this version: it shows as LOADING meanwhile
                 entry.versions[v] = model
-        results = await asyncio.gather(*(server._start_model(m, md) for m in fresh.values()), return_exceptions=True)
+        results = await asyncio.gather(*(self.loader.start_model(m, md) for m in fresh.values()), return_exceptions=True)
         failures = {
             v: (r.message if isinstance(r, KernelError) else f"{type(r).__name__}: {r}")
             for v, r in zip(fresh, results) if isinstance(r, BaseException)
@@ -626,7 +586,3 @@ def _with_steps(names: set[str], dirs: dict[str, repository.ModelDir]) -> set[st
         if cfg is not None and cfg.HasField("ensemble_scheduling"):
             todo.extend(s.model_name for s in cfg.ensemble_scheduling.step)
     return out
-
-
-def _show(text: str) -> str:
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)

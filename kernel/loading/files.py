@@ -20,6 +20,7 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from kernel.core.errors import ErrorCode, KernelError
+from kernel.loading.names import printable
 from kernel.loading.repository import CONFIG_FILENAME, ModelDir
 
 FILE_PREFIX = "file:"
@@ -132,13 +133,13 @@ def _invalid(message: str) -> KernelError:
 def _write_file(base: str, key: str, content: bytes) -> None:
     relative = key[len(FILE_PREFIX):]
     if not relative or "\0" in relative:
-        raise _invalid(f"Invalid file parameter '{_show(key)}': expected 'file:<path relative to the model directory>'")
+        raise _invalid(f"Invalid file parameter '{printable(key)}': expected 'file:<path relative to the model directory>'")
     if os.path.isabs(relative):
-        raise _invalid(f"Invalid file parameter '{_show(key)}': the path must be relative to the model directory")
+        raise _invalid(f"Invalid file parameter '{printable(key)}': the path must be relative to the model directory")
     target = os.path.normpath(os.path.join(base, relative))
     if target == base or os.path.commonpath([target, base]) != base:
         raise _invalid(
-            f"Invalid file parameter '{_show(key)}' with normalized path '{_show(target)}' "
+            f"Invalid file parameter '{printable(key)}' with normalized path '{printable(target)}' "
             "must stay within model directory."
         )
     _make_parents(base, os.path.dirname(target), key)
@@ -156,7 +157,7 @@ def _make_parents(base: str, directory: str, key: str) -> None:
             os.mkdir(current, 0o700)
         except FileExistsError:
             if os.path.islink(current) or not os.path.isdir(current):
-                raise _invalid(f"Invalid file parameter '{_show(key)}', directory has been created as a file") from None
+                raise _invalid(f"Invalid file parameter '{printable(key)}', directory has been created as a file") from None
 
 
 def _write_new(path: str, content: bytes, key: str) -> None:
@@ -164,13 +165,8 @@ def _write_new(path: str, content: bytes, key: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     except IsADirectoryError:
-        raise _invalid(f"Invalid file parameter '{_show(key)}', a directory has the same path") from None
+        raise _invalid(f"Invalid file parameter '{printable(key)}', a directory has the same path") from None
     except OSError as exc:
-        raise _invalid(f"Invalid file parameter '{_show(key)}': {exc.strerror}") from None
+        raise _invalid(f"Invalid file parameter '{printable(key)}': {exc.strerror}") from None
     with os.fdopen(fd, "wb") as f:
         f.write(content)
-
-
-def _show(text: str) -> str:
-    """Text for an error message, with control characters escaped."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)

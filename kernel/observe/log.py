@@ -8,6 +8,7 @@ id, source file:line, then the message in double quotes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -109,3 +110,15 @@ def apply(settings: LogSettings) -> None:
         _handler.setFormatter(TritonFormatter(iso8601=(settings.format == "ISO8601")))
     # Verbose records are not even built unless asked for.
     logging.getLogger("kernel").setLevel(logging.DEBUG if settings.verbose > 0 else logging.INFO)
+
+
+def update_settings(server, **changes) -> LogSettings:
+    """The logging extension: change settings (LogSettings field names) at run time, in this
+    process and in every model instance of every backend."""
+    if not changes:
+        return server.log_settings
+    settings = server.log_settings = dataclasses.replace(server.log_settings, **changes)
+    apply(settings)
+    for backend in list(server.backends.values()):
+        backend.update_log_settings(settings)
+    return settings

@@ -24,8 +24,9 @@ from typing import Optional
 from kernel.observe import log as server_log
 from kernel.transports.restrictions import RestrictionError, Restrictions
 from kernel.core.server import Server, ServerOptions, StartupError
+from kernel.serve.compose import compose_server
 from kernel.observe.log import LogSettings
-from kernel.observe.trace import TraceConfigError, config_from_flags
+from kernel.observe.trace_settings import TraceConfigError, config_from_flags
 
 log = logging.getLogger("kernel.core.server")
 
@@ -335,7 +336,7 @@ def build_server(args) -> Server:
     }
     for name, target in BACKENDS.items():
         backends[name] = _load(target)(backend_config.get(name, {}), worker_log)
-    server = Server(options, backends)
+    server = compose_server(options, backends)
     if args.allow_http:
         server.transports.append(
             _load(HTTP_TRANSPORT)(server, args.http_address, args.http_port, args.http_max_input_size, args.http_server,

@@ -633,13 +633,14 @@ class _InProcessGrpc:
     def __init__(self, repo, **settings):
         import threading
 
-        from kernel.core.server import Server, ServerOptions
+        from kernel.core.server import ServerOptions
+        from kernel.serve.compose import compose_server
         from kernel.transports.grpc import GrpcTransport
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.server = Server(ServerOptions(model_repositories=[repo]), {})
+        self.server = compose_server(ServerOptions(model_repositories=[repo]), {})
         self.transport = GrpcTransport(self.server, "127.0.0.1", 0, **settings)
 
         async def start():

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.observe.log import LOG_FORMATS
-from kernel.observe.trace import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
+from kernel.observe import log as server_log
+from kernel.observe import trace_settings
+from kernel.observe.trace_settings import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 
 
@@ -19,7 +21,7 @@ def log_settings(server, msg) -> pb.LogSettingsResponse:
         try:
             _log_changes(settings, changes)
         finally:
-            server.update_log_settings(**changes)  # those before a bad value still apply, as in tritonserver
+            server_log.update_settings(server, **changes)  # those before a bad value still apply, as in tritonserver
     s = server.log_settings
     reply = pb.LogSettingsResponse()
     out = reply.settings
@@ -61,11 +63,11 @@ def _log_changes(settings, changes: dict) -> None:
 
 def trace_setting(server, msg) -> pb.TraceSettingResponse:
     model_name = msg.model_name
-    server.check_trace_model(model_name)
+    trace_settings.check_model(server, model_name)
     if msg.settings:
-        server.update_trace_settings(model_name, _trace_update(msg.settings))
+        trace_settings.update(server, model_name, _trace_update(msg.settings))
     reply = pb.TraceSettingResponse()
-    for key, value in server.trace_settings(model_name).items():
+    for key, value in trace_settings.describe(server, model_name).items():
         reply.settings[key].value.extend(value if isinstance(value, list) else [value])
     return reply
 

@@ -19,7 +19,9 @@ import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.observe.log import LOG_FORMATS
-from kernel.observe.trace import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
+from kernel.observe import log as server_log
+from kernel.observe import trace_settings
+from kernel.observe.trace_settings import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
 from kernel.transports.asgi import send_error, send_json
 
 LOGGING_PATH = "/v2/logging"
@@ -56,7 +58,7 @@ async def handle_logging(app, method: str, receive, send) -> None:
         try:
             _log_changes(doc, changes)
         finally:
-            server.update_log_settings(**changes)  # those before a bad value still apply
+            server_log.update_settings(server, **changes)  # those before a bad value still apply
     s = server.log_settings
     await send_json(send, 200, {
         "log_file": s.file, "log_info": s.info, "log_warning": s.warning, "log_error": s.error,
@@ -93,13 +95,13 @@ async def handle_trace(app, model_name: str, method: str, receive, send) -> None
         await send_error(send, 405, "Method Not Allowed")
         return
     server = app.server
-    server.check_trace_model(model_name)
+    trace_settings.check_model(server, model_name)
     if method == "POST":
         doc = await _request_doc(app, receive)
         if doc is None:
             return
-        server.update_trace_settings(model_name, _trace_update(doc))
-    await send_json(send, 200, server.trace_settings(model_name))
+        trace_settings.update(server, model_name, _trace_update(doc))
+    await send_json(send, 200, trace_settings.describe(server, model_name))
 
 
 def _trace_update(doc: dict) -> TraceUpdate:

@@ -278,9 +278,9 @@ class SageMakerApp:
             loaded_deps: list[str] = []
             try:
                 for dep in dependencies:
-                    await self.server.load_model_from_path(dep.name, dep)
+                    await self.server.control.load_from_path(dep.name, dep)
                     loaded_deps.append(dep.name)
-                await self.server.load_model_from_path(target, main_dir)
+                await self.server.control.load_from_path(target, main_dir)
             except KernelError:
                 for dep_name in loaded_deps:
                     await self._quiet_unload(dep_name)
@@ -304,7 +304,7 @@ class SageMakerApp:
         log.info("Unloading SageMaker TargetModel: %s", cloud.header(scope, TARGET_MODEL_HEADER) or loaded.target)
         self._busy.add(name)
         try:
-            await self.server.unload_model(loaded.target)
+            await self.server.control.unload_from_path(loaded.target)
             for dep in loaded.dependencies:
                 await self._quiet_unload(dep)
         except KernelError as exc:
@@ -317,7 +317,7 @@ class SageMakerApp:
 
     async def _quiet_unload(self, name: str) -> None:
         try:
-            await self.server.unload_model(name)
+            await self.server.control.unload_from_path(name)
         except KernelError as exc:
             log.warning("unloading '%s' failed: %s", name, exc.message)
 

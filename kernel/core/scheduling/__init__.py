@@ -1,1 +1,33 @@
-"""Schedulers: direct, dynamic batcher, sequence batcher, ensemble."""
+"""Schedulers hand requests to model instances; `make_scheduler` picks one for a model version.
+
+Which one a model gets follows its config, as in Triton:
+
+- `dynamic_batching`  -> kernel.core.scheduling.dynamic.DynamicBatcher
+- `sequence_batching` -> kernel.core.scheduling.sequence.SequenceBatcher
+- `platform: "ensemble"` -> kernel.core.scheduling.ensemble.EnsembleScheduler
+- none of these       -> DirectScheduler
+
+Every scheduler has `enqueue(request)` (raise KernelError to refuse it),
+`pending_count()` (requests not yet executing, for
+nv_inference_pending_request_count) and `close()` (fail what is still queued
+when the server stops).
+"""
+
+from __future__ import annotations
+
+from kernel.core.scheduling.direct import DirectScheduler
+from kernel.core.scheduling.dynamic import DynamicBatcher
+from kernel.core.scheduling.ensemble import EnsembleScheduler
+from kernel.core.scheduling.sequence import SequenceBatcher
+
+
+def make_scheduler(core, model):
+    """The scheduler a loaded model version's config asks for."""
+    choice = model.config.WhichOneof("scheduling_choice")
+    if choice == "ensemble_scheduling":
+        return EnsembleScheduler(core, model)
+    if choice == "dynamic_batching":
+        return DynamicBatcher(model, model.instances)
+    if choice == "sequence_batching":
+        return SequenceBatcher(model, model.instances)
+    return DirectScheduler(model.name, model.instances, model)

@@ -1,19 +1,4 @@
-"""Schedulers hand requests to model instances.
-
-Which one a model gets follows its config, as in Triton:
-
-- `dynamic_batching`  -> kernel.core.scheduling.dynamic.DynamicBatcher
-- `sequence_batching` -> kernel.core.scheduling.sequence.SequenceBatcher
-- `platform: "ensemble"` -> kernel.core.scheduling.ensemble.EnsembleScheduler
-- none of these       -> DirectScheduler
-
-The direct scheduler runs one request per execution (see DirectScheduler).
-
-Every scheduler has `enqueue(request)` (raise KernelError to refuse it),
-`pending_count()` (requests not yet executing, for
-nv_inference_pending_request_count) and `close()` (fail what is still queued
-when the server stops).
-"""
+"""The direct scheduler: one request per execution, to the first instance that may take work."""
 
 from __future__ import annotations
 
@@ -101,22 +86,3 @@ class DirectScheduler:
             request = self._queue.popleft()
             if request.on_response is not None:
                 request.on_response(InferResponse(self.model_name, "", request.id, error=error))
-
-
-def make_scheduler(core, model):
-    """The scheduler a loaded model version's config asks for."""
-    cfg = model.config
-    choice = cfg.WhichOneof("scheduling_choice")
-    if choice == "ensemble_scheduling":
-        from kernel.core.scheduling.ensemble import EnsembleScheduler
-
-        return EnsembleScheduler(core, model)
-    if choice == "dynamic_batching":
-        from kernel.core.scheduling.dynamic import DynamicBatcher
-
-        return DynamicBatcher(model, model.instances)
-    if choice == "sequence_batching":
-        from kernel.core.scheduling.sequence import SequenceBatcher
-
-        return SequenceBatcher(model, model.instances)
-    return DirectScheduler(model.name, model.instances, model)

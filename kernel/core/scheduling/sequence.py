@@ -34,7 +34,7 @@ from kernel.core import datatypes
 from kernel.core import stats as st
 from kernel.core.scheduling.dynamic import _TIMER_SLACK_NS, _respond_error, input_signature_checker, log_request
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.config.pbtxt import sequence_control
+from kernel.core.scheduling.controls import sequence_control
 from kernel.protos.model_config_pb2 import DataType, ModelSequenceBatching
 from kernel.core.request import (
     REQUEST_FLAG_SEQUENCE_END,

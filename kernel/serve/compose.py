@@ -1,0 +1,29 @@
+"""Assemble a server: the core `Server` plus what sits around it.
+
+The core knows nothing of loading or observability; this is where they are attached: model control
+with its loader (kernel.loading), the request tracer, the log settings of the logging extension
+and the metric registries (kernel.observe). Transports are added by the caller (the CLI, the
+in-process server), since which ones run depends on flags.
+"""
+
+from __future__ import annotations
+
+from kernel.core.backend import Backend
+from kernel.core.server import Server, ServerOptions
+from kernel.loading.control import ModelControl
+from kernel.loading.loader import ModelLoader
+from kernel.observe.log import LogSettings
+from kernel.observe.metrics import CustomMetrics, MetricsConfig
+from kernel.observe.trace import Tracer
+from kernel.observe.trace_settings import TraceConfig
+
+
+def compose_server(options: ServerOptions, backends: dict[str, Backend]) -> Server:
+    """A server for `options` with these backends, ready for transports and `start()`."""
+    server = Server(options, backends)
+    server.custom_metrics = CustomMetrics()
+    server.metrics_config = MetricsConfig(options.metrics_config)
+    server.log_settings = options.log or LogSettings(verbose=options.log_verbose)
+    server.tracer = Tracer(options.trace or TraceConfig())
+    server.control = ModelControl(server, ModelLoader(server))
+    return server
