@@ -25,7 +25,7 @@ from kernel.backends.python.framing import MessageChannel
 from kernel.backends.python.metrics_client import handle_ops as _handle_metric_ops
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
+from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput, check_correlation_id
 
 log = logging.getLogger("kernel.python")
 
@@ -240,49 +240,86 @@ class WorkerInstance(BackendInstance):
         return 0 if self._async_execute else self._executing
 
     def submit(self, requests: list[InferRequest]) -> None:
+        """Write one Execute for `requests` to the worker; each gets its responses through on_response.
+
+        Exception-safe: the batch is encoded and written before anything is counted
+        (pending, executing, arena regions, cancel callbacks), so a request that
+        cannot be sent is answered with an error and leaves nothing behind.
+        """
         if not self.healthy:
             error = KernelError(ErrorCode.INTERNAL, f"Stub process '{self.name}' is not healthy.")
             for r in requests:
                 _respond_error(r, error, self.source)
             return
         batch = []
+        keys = []
+        packed: list[list] = []  # per request, its inputs as packed so far (arena regions to free on failure)
         traced = None
-        for request in requests:
-            if request.trace is not None:
-                # Held until this execution's compute times are back (see _on_executions).
-                request.trace.hold()
-                if traced is None:
-                    traced = []
-                traced.append(request.trace)
-            key = next(self._keys)
-            inputs = []
-            for t in request.inputs:
-                inputs.append(wire.pack(t.name, t.datatype, t.shape, t.raw, self._arena))
+        trace_key = 0
+        try:
+            for request in requests:
+                check_correlation_id(request.correlation_id)
+                inputs = []
+                packed.append(inputs)
+                for t in request.inputs:
+                    inputs.append(wire.pack(t.name, t.datatype, t.shape, t.raw, self._arena))
+                key = next(self._keys)
+                keys.append(key)
+                outputs = [o.name for o in request.outputs] if request.outputs else []
+                batch.append(
+                    messages.Request(
+                        key,
+                        request.id,
+                        inputs,
+                        outputs,
+                        request.correlation_id,
+                        request.flags,
+                        msgspec.json.encode(request.parameters).decode() if request.parameters else "{}",
+                        request.arrival_ns,
+                    )
+                )
+                if request.trace is not None:
+                    if traced is None:
+                        traced = []
+                        trace_key = next(self._keys)
+                    traced.append(request.trace)
+            self.channel.send(messages.Execute(batch, trace_key) if traced else messages.Execute(batch))
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
+            self._unsent(requests, packed, exc)
+            return
+        # Sent: from here on the worker owns these requests until their final responses.
+        for key, request, inputs in zip(keys, requests, packed):
+            self._pending[key] = request
             regions = wire.arena_regions(inputs)
             if regions:
                 self._input_regions[key] = regions
-            self._pending[key] = request
-            outputs = [o.name for o in request.outputs] if request.outputs else []
-            batch.append(
-                messages.Request(
-                    key,
-                    request.id,
-                    inputs,
-                    outputs,
-                    request.correlation_id,
-                    request.flags,
-                    msgspec.json.encode(request.parameters).decode() if request.parameters else "{}",
-                    request.arrival_ns,
-                )
-            )
             request.add_cancel_callback(functools.partial(self._send_cancel, key))
-        self._executing += 1
-        if traced is None:
-            self.channel.send(messages.Execute(batch))
-        else:
-            trace_key = next(self._keys)
+        if traced is not None:
+            for trace in traced:
+                # Held until this execution's compute times are back (see _on_executions).
+                trace.hold()
             self._traced[trace_key] = traced
-            self.channel.send(messages.Execute(batch, trace_key))
+        self._executing += 1
+
+    def _unsent(self, requests: list[InferRequest], packed: list[list], exc: Exception) -> None:
+        """Undo a batch that never reached the worker and fail each of its requests."""
+        for inputs in packed:
+            for seg, off in wire.arena_regions(inputs):
+                self._arena.free(seg, off)
+        if isinstance(exc, KernelError):
+            error = exc
+        else:
+            log.error("could not send a request to model instance '%s': %s: %s", self.name, type(exc).__name__, exc)
+            error = KernelError(
+                ErrorCode.INTERNAL,
+                f"Failed to send the request(s) to model instance '{self.name}': {type(exc).__name__}: {exc}",
+            )
+        stats = self.stats
+        for request in requests:
+            if stats is not None and request.arrival_ns:
+                stats.record_failure("BACKEND", time.monotonic_ns() - request.arrival_ns)
+            _respond_error(request, error, self.source)
+        # No notify_available(): nothing started executing, so what this instance can take is unchanged.
 
     def _send_cancel(self, key: int) -> None:
         if key in self._pending and self.channel is not None and not self.channel.closed:

@@ -115,6 +115,23 @@ REQUEST_FLAG_SEQUENCE_START = 1
 REQUEST_FLAG_SEQUENCE_END = 2
 RESPONSE_COMPLETE_FINAL = 1
 
+_CORRELATION_ID_MAX = (1 << 64) - 1
+
+
+def check_correlation_id(value):
+    """`value` if it is a correlation id Triton can carry (a uint64 or a string), else KernelError(INVALID_ARG).
+
+    Why in the core: schedulers key sequences by it and backends encode it in
+    64 bits; every front validates it with its own protocol's message first,
+    and this is the last line for any other caller.
+    """
+    kind = type(value)
+    if kind is str or (kind is int and 0 <= value <= _CORRELATION_ID_MAX):
+        return value
+    raise invalid_arg(
+        f"invalid correlation id {value!r:.40}: a sequence id must be an unsigned 64-bit integer or a string"
+    )
+
 ResponseCallback = Callable[[InferResponse], None]
 
 

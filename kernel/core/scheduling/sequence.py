@@ -41,6 +41,7 @@ from kernel.core.request import (
     REQUEST_FLAG_SEQUENCE_START,
     InferRequest,
     InferTensor,
+    check_correlation_id,
 )
 
 log = logging.getLogger("kernel.core.server")
@@ -169,7 +170,7 @@ class SequenceBatcher:
                 f"inference request to model '{name}' must specify batch-size 1 due to requirements of "
                 "sequence batcher",
             )
-        corr = request.correlation_id
+        corr = check_correlation_id(request.correlation_id)  # a dict key here, 64 bits in the worker
         if not _in_sequence(corr):
             if not self.iterative:
                 raise KernelError(
