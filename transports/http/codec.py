@@ -17,6 +17,7 @@ from kernel.core import datatypes
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
 from kernel.core.shared_memory import RequestWindows, SharedMemoryManager
+from kernel.transports.http import parameters
 
 
 class InputJSON(msgspec.Struct):
@@ -56,6 +57,23 @@ def _decode_header(header) -> RequestJSON:
         raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
     except UnicodeDecodeError as exc:
         raise _bad(f"failed to parse the request JSON buffer: invalid UTF-8: {exc}") from None
+    except RecursionError:
+        raise _bad("failed to parse the request JSON buffer: the JSON is nested too deeply") from None
+
+
+# What each datatype's JSON `data` may hold, and Triton's message when it holds something else.
+# A bool is not a number here and a float is not an integer: Triton refuses both rather than coerce.
+_NUMBER, _INTEGER, _BOOLEAN = frozenset((int, float)), frozenset((int,)), frozenset((bool,))
+_JSON_KINDS = {
+    "BOOL": (_BOOLEAN, "Unable to parse 'data': attempt to access JSON non-boolean as boolean"),
+    **{t: (_NUMBER, "Unable to parse 'data': attempt to access JSON non-number as double")
+       for t in ("FP16", "FP32", "FP64")},
+    **{t: (_INTEGER, "Unable to parse 'data': attempt to access JSON non-signed-integer as signed-integer")
+       for t in ("INT8", "INT16", "INT32", "INT64")},
+    **{t: (_INTEGER, "Unable to parse 'data': attempt to access JSON non-unsigned-integer as unsigned-integer")
+       for t in ("UINT8", "UINT16", "UINT32", "UINT64")},
+}
+_UNSIGNED = frozenset(("UINT8", "UINT16", "UINT32", "UINT64"))
 
 
 def _json_tensor(inp: InputJSON) -> InferTensor:
@@ -68,8 +86,8 @@ def _json_tensor(inp: InputJSON) -> InferTensor:
     if data is msgspec.UNSET:
         raise _bad(f"must specify the 'data' field for input '{inp.name}'")
     count = datatypes.element_count(inp.shape)
+    flat = _flatten(data)
     if datatype == "BYTES":
-        flat = _flatten(data, inp.name)
         if len(flat) != count:
             raise _bad(
                 f"unexpected number of string elements {len(flat)} for inference input '{inp.name}', expecting {count}"
@@ -80,34 +98,38 @@ def _json_tensor(inp: InputJSON) -> InferTensor:
                 arr[i] = item.encode("utf-8")
             else:
                 raise _bad(f"expected string data for BYTES input '{inp.name}', got {type(item).__name__}")
-        return InferTensor(inp.name, "BYTES", inp.shape, array=arr.reshape(inp.shape))
+        return _shaped(inp, arr)
     if datatype == "BF16":
         raise _bad(f"BF16 input '{inp.name}' must be sent as binary data")
-    dtype = datatypes.datatype_to_numpy(datatype)
+    if len(flat) != count:
+        raise _bad(f"unexpected number of elements {len(flat)} for inference input '{inp.name}', expecting {count}")
+    allowed, message = _JSON_KINDS[datatype]
+    if not allowed.issuperset(map(type, flat)) or (datatype in _UNSIGNED and flat and min(flat) < 0):
+        raise _bad(message)
     try:
-        arr = np.array(data, dtype=dtype)
+        arr = np.array(flat, dtype=datatypes.datatype_to_numpy(datatype))
     except (ValueError, TypeError, OverflowError) as exc:
         raise _bad(f"unable to parse 'data' of input '{inp.name}' as {datatype}: {exc}") from None
-    if arr.dtype == np.object_ or arr.size != count:
-        raise _bad(
-            f"unexpected number of elements {arr.size} for inference input '{inp.name}', expecting {count}"
-            if arr.dtype != np.object_
-            else f"'data' of input '{inp.name}' is not a uniform array"
-        )
-    if datatype == "BOOL" and not _all_bools(data):
-        raise _bad(f"expected boolean data for BOOL input '{inp.name}'")
-    return InferTensor(inp.name, datatype, inp.shape, array=arr.reshape(inp.shape))
+    return _shaped(inp, arr)
 
 
-def _all_bools(data) -> bool:
-    if isinstance(data, list):
-        return all(_all_bools(d) for d in data)
-    return isinstance(data, bool)
+def _shaped(inp: InputJSON, flat: np.ndarray) -> InferTensor:
+    """The tensor in its shape; a shape numpy cannot hold (over 64 dimensions) stays in wire form
+    so that the model's own shape check refuses it with Triton's message."""
+    try:
+        return InferTensor(inp.name, inp.datatype, inp.shape, array=flat.reshape(inp.shape))
+    except ValueError:
+        if inp.datatype == "BYTES":
+            return InferTensor(inp.name, "BYTES", inp.shape, raw=datatypes.serialize_bytes(flat))
+        return InferTensor(inp.name, inp.datatype, inp.shape, raw=memoryview(flat).cast("B"))
 
 
-def _flatten(data, name: str) -> list:
+def _flatten(data) -> list:
+    """`data` as one flat list (Triton reads nested JSON arrays in row-major order); no recursion."""
     if not isinstance(data, list):
         return [data]
+    if list not in set(map(type, data)):
+        return data
     out: list = []
     stack = [iter(data)]
     while stack:
@@ -119,6 +141,17 @@ def _flatten(data, name: str) -> list:
         else:
             stack.pop()
     return out
+
+
+def header_length(value: bytes) -> int:
+    """An Inference-Header-Content-Length value: decimal digits only.
+
+    Why strict: int() would also take "+5", " 5 " and "1_0", so two parsers of
+    the same request (a proxy and us) could split header and binary data differently.
+    """
+    if not value.isdigit() or len(value) > 19:
+        raise _bad(f"Unable to parse inference header size, got: {value.decode('latin-1')[:40]}")
+    return int(value)
 
 
 def parse_infer_request(
@@ -135,9 +168,7 @@ def parse_infer_request(
         header, binary = body, b""
     else:
         if header_length < 0 or header_length > len(body):
-            raise _bad(
-                f"Inference-Header-Content-Length {header_length} is larger than the request body ({len(body)} bytes)"
-            )
+            raise _bad(f"inference header size should be in range (0, {len(body)}), got: {header_length}")
         mv = memoryview(body)
         header, binary = mv[:header_length], mv[header_length:]
     req = _decode_header(header)
@@ -173,8 +204,6 @@ def parse_infer_request(
             f"unexpected additional input data: the request body has {len(binary) - offset} bytes "
             "of binary data that no input claims"
         )
-    params = dict(req.parameters) if req.parameters else {}
-    binary_default = bool(params.pop("binary_data_output", False))
     outputs = None
     binary_choice: dict[str, object] = {}
     if req.outputs is not None:
@@ -186,13 +215,11 @@ def parse_infer_request(
                 windows.outputs[o.name] = _shm_output(o.name, oparams, shm, windows)
                 binary_choice[o.name] = IN_SHARED_MEMORY
             elif "binary_data" in oparams:
-                binary_choice[o.name] = bool(oparams["binary_data"])
+                binary_choice[o.name] = parameters.boolean("binary_data", oparams["binary_data"])
             outputs.append(RequestedOutput(o.name, oparams))
-    request = InferRequest(model_name, model_version, req.id or "", tensors, outputs, params)
+    request = InferRequest(model_name, model_version, req.id or "", tensors, outputs)
     request.shm = windows
-    for key in ("sequence_id", "priority", "timeout"):
-        if key in params:
-            _apply_control_parameter(request, key, params)
+    binary_default = parameters.apply(request, req.parameters)
     return request, binary_default, binary_choice
 
 
@@ -262,20 +289,6 @@ def _regions(shm: Optional[SharedMemoryManager]) -> SharedMemoryManager:
     if shm is None:
         raise KernelError(ErrorCode.UNSUPPORTED, "shared memory is not supported on this endpoint")
     return shm
-
-
-def _apply_control_parameter(request: InferRequest, key: str, params: dict) -> None:
-    value = params.pop(key)
-    if key == "sequence_id":
-        request.correlation_id = value
-        if params.pop("sequence_start", False):
-            request.flags |= 1
-        if params.pop("sequence_end", False):
-            request.flags |= 2
-    elif key == "priority":
-        request.priority = int(value)
-    elif key == "timeout":
-        request.timeout_us = int(value)
 
 
 def json_data(tensor: InferTensor) -> list:
