@@ -51,6 +51,10 @@ class Model:
         self.reason = ""
         self.instances: list[BackendInstance] = []
         self.scheduler: Any = None
+        # The server's kernel.core.cache.ResponseCache when this version's config enables
+        # response_cache and the server has a cache (set at load); None: requests go
+        # straight to the scheduler.
+        self.response_cache: Any = None
         self.is_ensemble = source.config.HasField("ensemble_scheduling")
         self.stats = ModelStats(source.name, str(source.version))
         cfg = source.config

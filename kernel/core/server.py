@@ -222,6 +222,8 @@ class Server:
         await self.stop_versions(models, max(0.0, deadline - loop.time()))
         for m in models:
             m.state = ModelState.UNAVAILABLE
+            if m.response_cache is not None:
+                m.response_cache.clear_model(m)
             log.info("successfully unloaded '%s' version %d", m.name, m.version)
 
     async def stop_versions(self, models: list[Model], timeout: float) -> None:

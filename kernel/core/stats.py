@@ -69,6 +69,10 @@ class ModelStats:
         "failures",
         "observer",
         "load_duration_s",
+        "cache_hit_count",
+        "cache_hit_ns",
+        "cache_miss_count",
+        "cache_miss_ns",
     )
 
     def __init__(self, name: str, version: str):
@@ -91,6 +95,12 @@ class ModelStats:
         # Set when --metrics-config turns on summaries or histograms (kernel.observe.metrics).
         self.observer: Any = None
         self.load_duration_s = 0.0
+        # Response cache (kernel.core.cache): lookups answered from the cache and
+        # their lookup time; misses and their lookup + insertion time.
+        self.cache_hit_count = 0
+        self.cache_hit_ns = 0
+        self.cache_miss_count = 0
+        self.cache_miss_ns = 0
 
     # ---- recording -----------------------------------------------------------
 
@@ -169,6 +179,22 @@ class ModelStats:
         if self.observer is not None:
             self.observer.observe((request_ns,), (queue_ns,), d_in, d_infer, d_out)
 
+    def record_cache_hit(self, lookup_ns: int, request_ns: int) -> None:
+        """A request answered from the response cache: a success that executed nothing.
+
+        As in Triton, it counts in success (and so in queue, with no queue time)
+        but not in inference_count, execution_count or the compute durations.
+        """
+        self.cache_hit_count += 1
+        self.cache_hit_ns += lookup_ns
+        self.success_count += 1
+        self.success_ns += request_ns
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_cache_miss(self, lookup_and_insert_ns: int) -> None:
+        self.cache_miss_count += 1
+        self.cache_miss_ns += lookup_and_insert_ns
+
     def record_failure(self, reason: str, duration_ns: int, count: int = 1) -> None:
         self.fail_count += count
         self.fail_ns += duration_ns
@@ -178,7 +204,7 @@ class ModelStats:
 
     def to_json(self) -> dict:
         """The statistics extension's `$model_stat` object, field for field."""
-        compute_count = self.success_count  # no response cache: every success was computed
+        compute_count = self.success_count - self.cache_hit_count  # cache hits computed nothing
         return {
             "name": self.name,
             "version": self.version,
@@ -192,8 +218,8 @@ class ModelStats:
                 "compute_input": _dur(compute_count, self.compute_input_ns),
                 "compute_infer": _dur(compute_count, self.compute_infer_ns),
                 "compute_output": _dur(compute_count, self.compute_output_ns),
-                "cache_hit": _dur(0, 0),
-                "cache_miss": _dur(0, 0),
+                "cache_hit": _dur(self.cache_hit_count, self.cache_hit_ns),
+                "cache_miss": _dur(self.cache_miss_count, self.cache_miss_ns),
             },
             # Python-backend models report no per-response statistics.
             "response_stats": {},

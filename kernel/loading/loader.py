@@ -162,6 +162,8 @@ class ModelLoader:
         for inst in model.instances:
             inst.stats = model.stats
         model.scheduler = make_scheduler(self.server, model)
+        if cfg.response_cache.enable:  # None when the server runs without --cache-config
+            model.response_cache = self.server.response_cache
 
     def _load_failed(self, entry, version: Optional[int], reason: str) -> None:
         entry.state = ModelState.UNAVAILABLE

@@ -23,6 +23,7 @@ from typing import Optional
 
 from kernel.observe import log as server_log
 from kernel.transports.restrictions import RestrictionError, Restrictions
+from kernel.core.cache import CacheConfigError, create_cache
 from kernel.core.server import Server, ServerOptions, StartupError
 from kernel.serve.compose import compose_server
 from kernel.observe.log import LogSettings
@@ -54,6 +55,7 @@ NO_EFFECT_FLAGS = {
     "grpc-max-response-pool-size", "reuse-http-port", "reuse-grpc-port", "enable-peer-access",
     "host-policy", "model-load-gpu-limit",
     "repoagent-directory", "sagemaker-thread-count", "vertex-ai-thread-count",
+    "cache-directory",  # where Triton finds cache libraries; Kernel's local cache is built in
 }
 
 # tritonserver flags whose features Kernel does not have yet.
@@ -61,7 +63,7 @@ NOT_YET_FLAGS = {
     "model-namespacing",
     "grpc-http2-min-recv-ping-interval-without-data",
     "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
-    "grpc-infer-response-compression-level", "cache-config", "cache-directory", "response-cache-byte-size",
+    "grpc-infer-response-compression-level",
     "rate-limit", "rate-limit-resource", "allow-client-shm",
 }
 
@@ -176,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config-name", default=None,
                    help="use <model>/configs/<name>.pbtxt instead of config.pbtxt where it exists")
     p.add_argument("--backend-config", action="append", default=[])
+    p.add_argument("--cache-config", action="append", default=[], metavar="<cache name>,<setting>=<value>",
+                   help="the response cache: local,size=<bytes> (repeatable)")
+    p.add_argument("--response-cache-byte-size", type=int, default=None,
+                   help="deprecated: --cache-config local,size=<bytes>")
     p.add_argument("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
                    help="where Python-based backends (<name>/model.py) are found "
                         "(default: the python_based/ folder of kernel.backends in the installed package)")
@@ -270,6 +276,30 @@ def _parse_metrics_config(values: list[str]) -> dict[str, str]:
     return out
 
 
+def _parse_cache_config(values: list[str], byte_size: Optional[int]) -> dict[str, dict[str, str]]:
+    """--cache-config <cache name>,<setting>=<value> (repeatable) and the deprecated
+    --response-cache-byte-size, as tritonserver reads them; raises StartupError for what it refuses."""
+    out: dict[str, dict[str, str]] = {}
+    for item in values:
+        name, _, setting = item.partition(",")
+        key, sep, value = setting.partition("=")
+        if not name or not sep or not key:
+            raise StartupError(
+                f"No cache specified. --cache-config option format is <cache name>,<setting>=<value>. Got {item}")
+        out.setdefault(name, {})[key] = value
+    if byte_size is not None:
+        log.warning("'--response-cache-byte-size' has been deprecated! This will default to the 'local' cache "
+                    "implementation with the provided byte size for its config. Please use '--cache-config' "
+                    "instead. The equivalent --cache-config CLI args would be: '--cache-config=local,size=%d'",
+                    byte_size)
+        out.setdefault("local", {})["size"] = str(byte_size)
+    try:
+        create_cache(out)  # refuse bad settings before anything starts
+    except CacheConfigError as exc:
+        raise StartupError(str(exc)) from None
+    return out
+
+
 def _check_model_control(args) -> str:
     """tritonserver's checks of the model control flags; the problem, or '' when there is none."""
     if args.load_model and args.model_control_mode != "explicit":
@@ -328,6 +358,7 @@ def build_server(args) -> Server:
         model_config_name=args.model_config_name or "",
         trace=trace_config,
         log=log_settings,
+        cache_config=_parse_cache_config(args.cache_config, args.response_cache_byte_size),
     )
     backends = {}
     worker_log = {

@@ -1,0 +1,231 @@
+"""The response cache: Triton's `local` cache (`--cache-config local,size=BYTES`).
+
+A model opts in with `response_cache { enable: true }` in its config. The core
+looks a request up before it reaches the model's scheduler (Server.submit): a
+hit is answered from here and the model never sees it; a miss runs as usual and
+its response is stored on the way back to the client.
+
+Why it lives in the core and works this way:
+
+- The key is what makes two requests give the same response: the model
+  version and every input's name, datatype, shape and bytes (inputs sorted by
+  name, so their order in the request does not matter). The version is named
+  by its ModelStats object, which each load creates anew: a reloaded model
+  never answers from its previous load's entries, and an in-flight miss of an
+  unloaded version cannot store an entry that a new load would hit. The request id,
+  its parameters, priority, timeout and requested outputs are not part of it,
+  as in Triton (measured on tritonserver 2.51: requests differing only in
+  those are hits). The key holds the input bytes themselves rather than a
+  digest, so two different requests can never share an entry.
+- A hit answers with the outputs the request asked for. Triton answers a hit
+  with every output stored, even ones the request did not ask for; here an
+  entry that lacks an output the request asks for counts as a miss, and a
+  request that names its outputs gets only those.
+- Eviction is least-recently-used by bytes: an entry costs its key's input
+  bytes plus its outputs' bytes plus a fixed overhead, and `size` bounds the
+  sum. A response bigger than the whole cache is not stored.
+- A model without a response cache pays one attribute test per request
+  (`model.response_cache is None`); nothing here runs for it.
+- Requests that read or write client shared memory are not cached: their
+  outputs go to the client's region, not into a response.
+- Decoupled models cannot enable the cache (kernel.config.pbtxt refuses them
+  with Triton's message), so a miss always ends in exactly one final response.
+
+Everything runs on the front process's event loop: no locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from typing import Optional
+
+from kernel.core.request import InferRequest, InferResponse, InferTensor
+
+log = logging.getLogger("kernel.core.cache")
+
+# What an entry costs beyond its tensor bytes (names, shapes, bookkeeping): a
+# rough figure so that many tiny entries cannot exceed the configured size by
+# much in real memory.
+ENTRY_OVERHEAD_BYTES = 128
+
+_now_ns = time.monotonic_ns
+
+
+class CacheConfigError(ValueError):
+    """`--cache-config` names an unknown cache or gives a bad setting."""
+
+
+def create_cache(cache_config: dict[str, dict[str, str]]) -> Optional["ResponseCache"]:
+    """The server's response cache for `--cache-config` settings ({cache name: {setting: value}}).
+
+    None when no cache is configured. Only Triton's `local` cache exists here;
+    Triton loads other caches (redis) from shared libraries in
+    --cache-directory, which Kernel does not do.
+    """
+    if not cache_config:
+        return None
+    if len(cache_config) > 1:
+        raise CacheConfigError(
+            "only one cache can be configured; got " + ", ".join(repr(n) for n in sorted(cache_config)))
+    name, settings = next(iter(cache_config.items()))
+    if name != "local":
+        raise CacheConfigError(
+            f"unable to find cache '{name}': Kernel has only the 'local' response cache "
+            f"(it does not load libtritoncache_{name}.so)")
+    unknown = sorted(set(settings) - {"size"})
+    if unknown:
+        raise CacheConfigError(f"unknown setting(s) for the 'local' cache: {', '.join(unknown)} (expected: size)")
+    raw = settings.get("size")
+    if raw is None:
+        raise CacheConfigError("the 'local' cache needs a size: --cache-config local,size=<bytes>")
+    try:
+        size = int(raw)
+    except ValueError:
+        raise CacheConfigError(f"Failed to initialize LocalCache: size '{raw}' is not an integer") from None
+    if size <= 0:
+        raise CacheConfigError(f"Failed to initialize LocalCache: size must be a positive number of bytes, got {size}")
+    return ResponseCache(size)
+
+
+class _Entry:
+    __slots__ = ("outputs", "parameters", "all_outputs", "nbytes")
+
+    def __init__(self, outputs: list[InferTensor], parameters: dict, all_outputs: bool, nbytes: int):
+        self.outputs = outputs
+        self.parameters = parameters
+        self.all_outputs = all_outputs  # stored from a request that asked for every output
+        self.nbytes = nbytes
+
+    def answer(self, requested) -> Optional[list[InferTensor]]:
+        """The outputs for a request asking for `requested` (None: all), or None when this entry lacks some."""
+        if requested is None:
+            return list(self.outputs) if self.all_outputs else None
+        by_name = {t.name: t for t in self.outputs}
+        out = []
+        for o in requested:
+            t = by_name.get(o.name)
+            if t is None:
+                return None
+            out.append(t)
+        return out
+
+
+class ResponseCache:
+    """An LRU map from request keys to stored responses, bounded in bytes.
+
+    One per server, shared by every model that enables the cache (as Triton's
+    one cache is). The counters feed the global `nv_cache_*` gauges; the
+    per-model hit/miss numbers live in each model's ModelStats.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self.used = 0
+        self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.lookup_ns = 0  # hits and misses
+        self.insertion_ns = 0
+
+    # ---- numbers for /metrics --------------------------------------------------
+
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
+    @property
+    def lookups(self) -> int:
+        return self.hits + self.misses
+
+    @property
+    def utilization(self) -> float:
+        return self.used / self.size if self.size else 0.0
+
+    # ---- the request path -------------------------------------------------------
+
+    def serve(self, model, request: InferRequest) -> bool:
+        """Answer `request` from the cache (True), or arrange for its response to be stored (False).
+
+        Called by Server.submit after validation, for models whose config
+        enables the cache. On True the request's one response has been
+        delivered already and the model must not be scheduled.
+        """
+        if request.shm is not None:
+            return False
+        start = _now_ns()
+        key = request_key(model, request)
+        entry = self._entries.get(key)
+        outputs = entry.answer(request.outputs) if entry is not None else None
+        if outputs is not None:
+            self._entries.move_to_end(key)
+            end = _now_ns()
+            self.hits += 1
+            self.lookup_ns += end - start
+            model.stats.record_cache_hit(end - start, end - request.arrival_ns)
+            request.on_response(InferResponse(model.name, model.version_str, request.id, outputs=outputs,
+                                              parameters=dict(entry.parameters) if entry.parameters else None))
+            return True
+        lookup_ns = _now_ns() - start
+        self.misses += 1
+        self.lookup_ns += lookup_ns
+        deliver = request.on_response
+        stats = model.stats
+        all_outputs = request.outputs is None
+
+        def on_response(response: InferResponse) -> None:
+            if response.final:
+                inserted_ns = 0
+                if response.error is None:
+                    t0 = _now_ns()
+                    self._insert(key, response, all_outputs)
+                    inserted_ns = _now_ns() - t0
+                    self.insertion_ns += inserted_ns
+                stats.record_cache_miss(lookup_ns + inserted_ns)
+            deliver(response)
+
+        request.on_response = on_response
+        return False
+
+    def _insert(self, key: tuple, response: InferResponse, all_outputs: bool) -> None:
+        # Copy the output bytes: the response's buffers may belong to a worker's
+        # arena or a transport's body and are reused once the response is sent.
+        outputs = [InferTensor(t.name, t.datatype, t.shape, raw=bytes(t.raw)) for t in response.outputs]
+        nbytes = ENTRY_OVERHEAD_BYTES + _key_bytes(key) + sum(len(t.raw) for t in outputs)
+        if nbytes > self.size:
+            log.debug("response of %d bytes does not fit in the %d-byte response cache; not stored", nbytes, self.size)
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.used -= old.nbytes
+        entries = self._entries
+        while self.used + nbytes > self.size and entries:
+            _, evicted = entries.popitem(last=False)
+            self.used -= evicted.nbytes
+            self.evictions += 1
+        entries[key] = _Entry(outputs, dict(response.parameters) if response.parameters else {}, all_outputs, nbytes)
+        self.used += nbytes
+
+    def clear_model(self, model) -> None:
+        """Drop a model version's entries: it was unloaded, nothing can hit them any more."""
+        stats = model.stats
+        for key in [k for k in self._entries if k[0] is stats]:
+            self.used -= self._entries.pop(key).nbytes
+
+
+def request_key(model, request: InferRequest) -> tuple:
+    """What identifies a request's response: this load of the model version (its ModelStats)
+    and every input's name, datatype, shape and bytes."""
+    inputs = request.inputs
+    if len(inputs) == 1:
+        t = inputs[0]
+        parts = ((t.name, t.datatype, t.shape, bytes(t.raw)),)
+    else:
+        parts = tuple(sorted((t.name, t.datatype, t.shape, bytes(t.raw)) for t in inputs))
+    return (model.stats, parts)
+
+
+def _key_bytes(key: tuple) -> int:
+    return sum(len(p[3]) + len(p[0]) for p in key[1])
