@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 import msgspec
 
@@ -55,11 +56,22 @@ class UvicornListener:
             def capture_signals(self):
                 yield
 
+        # The socket is bound here, not by uvicorn: a taken port is then an OSError with its errno
+        # for the caller to report, instead of a line uvicorn logs itself before exiting.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(exc.errno, f"could not listen on {self.host}:{self.port} for {self.what}: "
+                                     f"{exc.strerror}") from None
         self._server = _Server(config)
         config.load()
         self._server.lifespan = config.lifespan_class(config)
         try:
-            await self._server.startup()
+            await self._server.startup(sockets=[sock])
         except SystemExit:
             # uvicorn exits the process when it cannot bind; the caller decides instead.
             self._server = None

@@ -57,8 +57,8 @@ def configure_logging(verbose=None, info=None, warning=None, error=None,
         if value is not None:
             log_settings[key] = bool(value)
     if log_format is not None:
-        if log_format not in ("default", "ISO8601"):
-            raise ValueError("log_format must be 'default' or 'ISO8601'")
+        if log_format not in ("default", "ISO8601", "json"):
+            raise ValueError("log_format must be 'default', 'ISO8601' or 'json'")
         log_settings["format"] = log_format
     if sink is False:
         log_settings["sink"] = None
@@ -83,6 +83,15 @@ def _format_log_line(level, filename, lineno, message, now=None):
     micros = int((now - seconds) * 1_000_000)
     utc = time.gmtime(seconds)
     letter = _LEVEL_LETTER.get(level, "I")
+    if log_settings["format"] == "json":
+        # Kernel's `--log-format json`: the server's JSON fields (kernel.observe.log.json_log_line),
+        # built here because models import this package without Kernel's.
+        return json.dumps({
+            "time": "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (
+                utc.tm_year, utc.tm_mon, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, micros),
+            "level": LogLevel(level).name, "pid": os.getpid(), "file": os.path.basename(filename),
+            "line": lineno, "message": message,
+        }, ensure_ascii=False)
     if log_settings["escape"]:
         message = json.dumps(message, ensure_ascii=False)
     location = "%d %s:%d] %s" % (

@@ -24,7 +24,7 @@ from kernel.core.model import Model, ModelState
 from kernel.core.registry import ModelRegistry
 from kernel.core.request import InferRequest
 from kernel.core.shared_memory import SharedMemoryManager, route_through_windows
-from kernel.core.transport import Transport
+from kernel.core.transport import Transport, TransportStartError
 
 log = logging.getLogger("kernel.core.server")
 
@@ -257,7 +257,10 @@ class Server:
 
     async def start_transports(self) -> None:
         for t in self.transports:
-            address = await t.start()
+            try:
+                address = await t.start()
+            except OSError as exc:
+                raise TransportStartError(t, exc) from exc
             log.info("Started %s at %s", t.service_name, address)
         self._listening = True
 

@@ -16,3 +16,17 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None:
         """Stop accepting new requests and connections; in-flight requests finish on their own."""
+
+
+class TransportStartError(OSError):
+    """A transport could not start (its port taken, its address not this machine's...).
+
+    Carries the transport, so that the caller can name the service and its socket the way
+    tritonserver's log line does; str() and errno stay the cause's, so callers that catch
+    OSError see what they saw before."""
+
+    def __init__(self, transport: Transport, cause: OSError):
+        super().__init__(str(cause))
+        self.errno = cause.errno
+        self.transport = transport
+        self.cause = cause

@@ -4,11 +4,18 @@
 
 Level letter (I/W/E/V), month+day, wall-clock time with microseconds, process
 id, source file:line, then the message in double quotes.
+
+Besides tritonserver's two layouts ("default" above, and "ISO8601"), `--log-format json` writes
+the same fields as one JSON object per line, for log collectors that parse JSON:
+
+    {"time": "2026-11-21T08:07:00.123456Z", "level": "INFO", "pid": 4242,
+     "file": "model_lifecycle.py", "line": 120, "message": "successfully loaded 'add_sub'"}
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -43,7 +50,39 @@ class TritonFormatter(logging.Formatter):
         return f'{head} {os.getpid()} {record.filename}:{record.lineno}] "{escaped}"'
 
 
-LOG_FORMATS = ("default", "ISO8601")
+LOG_LEVEL_NAMES = {logging.DEBUG: "VERBOSE", logging.INFO: "INFO", logging.WARNING: "WARNING",
+                   logging.ERROR: "ERROR", logging.CRITICAL: "ERROR"}
+
+
+def json_log_line(level: str, created: float, pid: int, file: str, line: int, message: str) -> str:
+    """One log line as a JSON object (`--log-format json`): the text layout's fields, by name.
+    `time` is UTC with microseconds; `level` is INFO, WARNING, ERROR or VERBOSE."""
+    micros = int((created - int(created)) * 1_000_000)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{micros:06d}Z"
+    return json.dumps({"time": stamp, "level": level, "pid": pid, "file": file, "line": line, "message": message},
+                      ensure_ascii=False)
+
+
+class JsonFormatter(logging.Formatter):
+    """`--log-format json`: one JSON object per record, multi-line messages (tables, tracebacks)
+    included, so that every line of the log parses by itself."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info:
+            message = message + "\n" + self.formatException(record.exc_info)
+        level = LOG_LEVEL_NAMES.get(record.levelno, "INFO")
+        return json_log_line(level, record.created, os.getpid(), record.filename, record.lineno, message)
+
+
+LOG_FORMATS = ("default", "ISO8601", "json")
+
+
+def formatter_for(log_format: str) -> logging.Formatter:
+    """The formatter of one of LOG_FORMATS."""
+    if log_format == "json":
+        return JsonFormatter()
+    return TritonFormatter(iso8601=(log_format == "ISO8601"))
 
 
 @dataclass(frozen=True)
@@ -107,7 +146,7 @@ def apply(settings: LogSettings) -> None:
     if _gate is not None:
         _gate.settings = settings
     if _handler is not None:
-        _handler.setFormatter(TritonFormatter(iso8601=(settings.format == "ISO8601")))
+        _handler.setFormatter(formatter_for(settings.format))
     # Verbose records are not even built unless asked for.
     logging.getLogger("kernel").setLevel(logging.DEBUG if settings.verbose > 0 else logging.INFO)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import importlib
 import importlib.util
 import logging
@@ -25,8 +26,10 @@ from kernel.observe import log as server_log
 from kernel.transports.restrictions import RestrictionError, Restrictions
 from kernel.core.cache import CacheConfigError, create_cache
 from kernel.core.server import Server, ServerOptions, StartupError
+from kernel.core.transport import TransportStartError
 from kernel.serve.compose import compose_server
-from kernel.observe.log import LogSettings
+from kernel import __version__
+from kernel.observe.log import LOG_FORMATS, LogSettings
 from kernel.observe.trace_settings import TraceConfigError, config_from_flags
 
 log = logging.getLogger("kernel.core.server")
@@ -41,7 +44,6 @@ SAGEMAKER_TRANSPORT = "kernel.transports.sagemaker:SageMakerTransport"
 VERTEX_AI_TRANSPORT = "kernel.transports.vertex:VertexAiTransport"
 HEADER_FORWARDER = "kernel.transports.header_forward:HeaderForwarder"
 
-BUNDLED_REPOSITORY = Path(__file__).resolve().parent.parent / "model_repo_examples"
 # Where `backend: "<name>"` finds <name>/model.py (a Python-based backend) unless
 # --backend-directory says otherwise.
 DEFAULT_BACKEND_DIRECTORY = Path(importlib.util.find_spec("kernel.backends").submodule_search_locations[0]) / "python_based"
@@ -68,13 +70,214 @@ NOT_YET_FLAGS = {
 }
 
 
+# ---- flag values, read as tritonserver reads them ------------------------------------------
+#
+# One parser per kind of value (tritonserver's --help names the kind: <integer>, <boolean>,
+# <float>, <string>), used by every flag of that kind, so that a start-up script written for
+# tritonserver means the same thing here. Measured against tritonserver 2.51; the error texts are
+# its own, and `kernel serve` prints them under a `Bad option: "--flag".` line as it does.
+
+_SPACE = "[ \t\n\v\f\r]*"
+_STOI = re.compile(_SPACE + r"([+-]?[0-9]+)")
+_STOF = re.compile(
+    _SPACE + r"([+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
+    r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan))",
+    re.IGNORECASE,
+)
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _leading_int(value: str, bits: int) -> int:
+    match = _STOI.match(value)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"Invalid option value. Got {value}")
+    number = int(match.group(1))
+    if not -(2 ** (bits - 1)) <= number < 2 ** (bits - 1):
+        raise argparse.ArgumentTypeError(f"Provided option value is out of bound. Got {value}")
+    return number
+
+
+def parse_int(value: str) -> int:
+    """<integer>: C's stoi, as tritonserver reads it: leading white space and a sign, then the
+    leading digits, the rest ignored ('7abc' is 7, '1.5' is 1, '0x10' is 0); outside 32 bits refused.
+    Boolean words are refused ('Invalid option value. Got true')."""
+    return _leading_int(value, 32)
+
+
+def parse_int64(value: str) -> int:
+    """<integer> for byte sizes, which tritonserver reads as 64-bit (--pinned-memory-pool-byte-size)."""
+    return _leading_int(value, 64)
+
+
+def parse_int_text(value: str) -> str:
+    """<integer> flags whose value a later stage parses again (the deprecated --trace-rate...)."""
+    return str(parse_int(value))
+
+
+def parse_float(value: str) -> float:
+    """<float>: C's stof, as tritonserver reads it: the leading number ('2000abc' is 2000, '1e3',
+    hexadecimal '0x10'); beyond a 32-bit float refused."""
+    match = _STOF.match(value)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"Invalid option value. Got {value}")
+    text = match.group(1)
+    number = float.fromhex(text) if "x" in text.lower() else float(text)
+    if abs(number) > _FLOAT32_MAX and "inf" not in text.lower():
+        raise argparse.ArgumentTypeError(f"Provided option value is out of bound. Got {value}")
+    return number
+
+
 def parse_bool(value: str) -> bool:
-    v = value.strip().lower()
-    if v in ("true", "1", "yes", "on"):
+    """<boolean>: exactly true/on/1 or false/off/0, in any case, nothing around them; 'yes', 'no'
+    and ' true' are refused, as tritonserver refuses them."""
+    word = value.lower()
+    if word in ("true", "on", "1"):
         return True
-    if v in ("false", "0", "no", "off"):
+    if word in ("false", "off", "0"):
         return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got '{value}'")
+    raise argparse.ArgumentTypeError(f"invalid value for bool option: {value}")
+
+
+def parse_verbose_level(value: str) -> int:
+    """--log-verbose, the one <integer> flag that also takes true/false (any case): true is level 1,
+    false 0; anything else is an <integer>, a negative level meaning 0. (on/yes are refused.)"""
+    word = value.lower()
+    if word in ("true", "false"):
+        return int(word == "true")
+    return max(0, parse_int(value))
+
+
+def choice(flag: str, choices: tuple[str, ...], fold_case: bool = False):
+    """<string> flags with a fixed set of values (--model-control-mode is read in any case,
+    --log-format exactly); refused with tritonserver's 'invalid argument for <flag>'."""
+
+    def parse(value: str) -> str:
+        key = value.lower() if fold_case else value
+        for option in choices:
+            if key == (option.lower() if fold_case else option):
+                return option
+        raise argparse.ArgumentTypeError(
+            f"invalid argument for {flag} (invalid choice '{value}'; choose from {', '.join(choices)})"
+        )
+
+    parse.__name__ = flag.lstrip("-").replace("-", "_")  # argparse names a failing type by it
+    return parse
+
+
+def _port_range(value: str) -> tuple[int, int]:
+    low, sep, high = value.partition("-")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected <integer>-<integer>, got '{value}'")
+    return parse_int(low), parse_int(high)
+
+
+# The value kind of each tritonserver flag that Kernel accepts without effect or refuses as not
+# supported yet: a wrong value is refused as tritonserver refuses it, before anything else.
+FLAG_KINDS = {
+    "http-thread-count": parse_int, "grpc-infer-thread-count": parse_int, "model-load-thread-count": parse_int,
+    "buffer-manager-thread-count": parse_int, "pinned-memory-pool-byte-size": parse_int64,
+    "cuda-memory-pool-byte-size": str, "cuda-virtual-address-size": str,
+    "min-supported-compute-capability": parse_float, "allow-gpu-metrics": parse_bool,
+    "model-load-retry-count": parse_int, "grpc-max-response-pool-size": parse_int,
+    "reuse-http-port": parse_bool, "reuse-grpc-port": parse_bool, "enable-peer-access": parse_bool,
+    "host-policy": str, "model-load-gpu-limit": str, "repoagent-directory": str,
+    "sagemaker-thread-count": parse_int, "vertex-ai-thread-count": parse_int,
+    "model-namespacing": parse_bool, "grpc-http2-min-recv-ping-interval-without-data": parse_int,
+    "grpc-http2-max-ping-strikes": parse_int, "grpc-max-connection-age": parse_int,
+    "grpc-max-connection-age-grace": parse_int, "grpc-infer-response-compression-level": str,
+    "cache-config": str, "cache-directory": str, "response-cache-byte-size": parse_int64,
+    "rate-limit": str, "rate-limit-resource": str, "allow-client-shm": parse_bool,
+}
+
+# tritonserver's --help groups, in its order; each flag below is listed under one of them.
+HELP_GROUPS = (
+    "Server", "Logging", "Model Repository", "HTTP", "GRPC", "Sagemaker", "Vertex", "Metrics", "Tracing",
+    "Backend", "Repository Agent", "Response Cache", "Rate Limiter", "Memory/Device Management", "DEPRECATED",
+)
+_FLAG_GROUPS = {
+    "http-thread-count": "HTTP", "reuse-http-port": "HTTP", "grpc-infer-thread-count": "GRPC",
+    "reuse-grpc-port": "GRPC", "grpc-max-response-pool-size": "GRPC", "model-load-thread-count": "Model Repository",
+    "model-load-retry-count": "Model Repository", "enable-peer-access": "Model Repository",
+    "model-namespacing": "Model Repository", "allow-gpu-metrics": "Metrics", "sagemaker-thread-count": "Sagemaker",
+    "vertex-ai-thread-count": "Vertex", "repoagent-directory": "Repository Agent", "cache-config": "Response Cache",
+    "cache-directory": "Response Cache", "rate-limit": "Rate Limiter", "rate-limit-resource": "Rate Limiter",
+    "response-cache-byte-size": "DEPRECATED", "allow-client-shm": "Server",
+    "grpc-http2-min-recv-ping-interval-without-data": "GRPC", "grpc-http2-max-ping-strikes": "GRPC",
+    "grpc-max-connection-age": "GRPC", "grpc-max-connection-age-grace": "GRPC",
+    "grpc-infer-response-compression-level": "GRPC",
+}
+
+
+_KIND_NAMES = {parse_int: "<integer>", parse_int64: "<integer>", parse_int_text: "<integer>",
+               parse_verbose_level: "<integer>", parse_bool: "<boolean>", parse_float: "<float>"}
+
+
+def _adder(group):
+    """group.add_argument, naming a value by its kind as tritonserver's --help does (<integer>...)."""
+
+    def add(*names, **options):
+        if "metavar" not in options and options.get("action") not in ("store_true", "version"):
+            options["metavar"] = _KIND_NAMES.get(options.get("type"), "<string>")
+        return group.add_argument(*names, **options)
+
+    return add
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """One line of help per flag, then its default where it has one (booleans as true/false,
+    the words tritonserver's flags take)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if action.nargs == 0 or default in (None, "", []) or default is argparse.SUPPRESS:
+            return text
+        shown = str(default).lower() if isinstance(default, bool) else str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+class ArgumentsRefused(SystemExit):
+    """A command line `kernel serve` refuses: exit status 1, as tritonserver's; `message` in its
+    words, for callers that parse arguments in-process."""
+
+    def __init__(self, message: str):
+        super().__init__(1)
+        self.message = message
+
+
+class KernelArgumentParser(argparse.ArgumentParser):
+    """argparse, with tritonserver's wording and exit status for a command line it refuses."""
+
+    def error(self, message: str):
+        failure = triton_message(message)
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"{failure}\n")
+        raise ArgumentsRefused(failure)
+
+
+_ARGUMENT = re.compile(r"argument (-[^/:\s]+)[^:]*: (.*)", re.DOTALL)
+_AMBIGUOUS = re.compile(r"ambiguous option: (\S+) could match (.*)")
+
+
+def triton_message(message: str) -> str:
+    """argparse's complaint in tritonserver's words, where tritonserver has words for it."""
+    match = _ARGUMENT.fullmatch(message)
+    if match:
+        flag, problem = match.groups()
+        if problem == "expected one argument":
+            return f"option '{flag}' requires an argument"
+        if problem.startswith("ignored explicit argument"):
+            return f"option '{flag}' doesn't allow an argument"
+        if problem.startswith("invalid ") and " value: " in problem:  # a type error argparse worded
+            problem = f"Invalid option value. Got {problem.split(' value: ', 1)[1].strip(chr(39))}"
+        return f'Bad option: "{flag}".\n{problem}'
+    match = _AMBIGUOUS.match(message)
+    if match:
+        options = " ".join(f"'{name.strip()}'" for name in match.group(2).split(","))
+        return f"option '{match.group(1)}' is ambiguous; possibilities: {options}"
+    if message.startswith("unrecognized arguments: "):
+        return f"unrecognized option '{message.split(': ', 1)[1].split(' ')[0]}'"
+    return message
 
 
 class _NotYet(argparse.Action):
@@ -102,116 +305,161 @@ def _parse_backend_config(values: list[str]) -> dict[str, dict[str, str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kernel", description="Kernel inference server")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("serve", help="serve a Triton model repository", allow_abbrev=False)
-    p.add_argument("--model-repository", "--model-store", dest="model_repository", action="append",
-                   help="model repository path (repeatable); default: the bundled model_repo_examples/")
-    p.add_argument("--id", default="triton", help="server identifier reported by GET /v2")
+    """`kernel serve`'s flags, in tritonserver's --help groups, each with its default and one line of help.
+
+    Prefixes of a flag are accepted (`--log-verb=2`) and an ambiguous one is refused, as
+    tritonserver's getopt_long does."""
+    parser = KernelArgumentParser(prog="kernel", description="Kernel inference server")
+    parser.add_argument("--version", action="version", version=f"kernel {__version__}",
+                        help="print Kernel's version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=KernelArgumentParser)
+    p = sub.add_parser(
+        "serve", help="serve a Triton model repository", formatter_class=HelpFormatter, usage="kernel serve [options]",
+        description="Serve Triton Python-backend model repositories with tritonserver's flags.",
+    )
+    g = {title: p.add_argument_group(title) for title in HELP_GROUPS}
     # In a Vertex AI prediction container (AIP_MODE=PREDICTION) tritonserver serves only the
     # Vertex AI endpoint unless told otherwise.
     vertex_prediction = os.environ.get("AIP_MODE", "") == "PREDICTION"
-    p.add_argument("--allow-http", type=parse_bool, default=not vertex_prediction)
-    p.add_argument("--http-address", default="0.0.0.0")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024,
-                   help="largest accepted HTTP request body in bytes (default 64MB)")
-    p.add_argument("--http-header-forward-pattern", default="",
-                   help="request headers whose names match this regular expression become request parameters")
-    p.add_argument("--http-server", choices=("uvicorn", "hypercorn"), default="uvicorn",
-                   help="Kernel only: the HTTP server library (default uvicorn with httptools)")
-    p.add_argument("--allow-grpc", type=parse_bool, default=not vertex_prediction)
-    p.add_argument("--grpc-address", default="0.0.0.0")
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--grpc-header-forward-pattern", default="",
-                   help="gRPC metadata whose keys match this regular expression become request parameters")
-    p.add_argument("--grpc-keepalive-time", type=int, default=7200000, help="milliseconds")
-    p.add_argument("--grpc-keepalive-timeout", type=int, default=20000, help="milliseconds")
-    p.add_argument("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False)
-    p.add_argument("--grpc-http2-max-pings-without-data", type=int, default=2)
-    p.add_argument("--grpc-infer-allocation-pool-size", type=int, default=8, help="accepted; no effect")
-    p.add_argument("--grpc-use-ssl", type=parse_bool, default=False)
-    p.add_argument("--grpc-use-ssl-mutual", type=parse_bool, default=False)
-    p.add_argument("--grpc-server-cert", default="")
-    p.add_argument("--grpc-server-key", default="")
-    p.add_argument("--grpc-root-cert", default="")
-    p.add_argument("--grpc-server", choices=("native", "grpclib", "grpcio"), default=None,
-                   help="Kernel only: the gRPC server implementation (default native)")
-    p.add_argument("--allow-metrics", type=parse_bool, default=True)
-    p.add_argument("--metrics-address", default=None,
-                   help="default: --http-address when HTTP is allowed, else 0.0.0.0")
-    p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--metrics-interval-ms", type=int, default=2000,
-                   help="how often the per-interval metrics (CPU) are sampled")
-    p.add_argument("--metrics-config", action="append", default=[],
-                   help="[<group>,]<setting>=<value>: counter_latencies, summary_latencies, "
-                        "summary_quantiles, histogram_latencies")
-    p.add_argument("--allow-cpu-metrics", type=parse_bool, default=True)
-    p.add_argument("--log-verbose", type=int, default=0)
-    p.add_argument("--log-info", type=parse_bool, default=True)
-    p.add_argument("--log-warning", type=parse_bool, default=True)
-    p.add_argument("--log-error", type=parse_bool, default=True)
-    p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
-    p.add_argument("--log-file", default=None)
-    p.add_argument("--http-restricted-api", action="append", default=[], metavar="<apis>:<key>=<value>",
-                   help="HTTP APIs (comma-separated) that answer only with header <key>: <value> (repeatable)")
-    p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="<apis>:<key>=<value>",
-                   help="gRPC APIs that answer only with metadata triton-grpc-protocol-<key>: <value> (repeatable)")
-    p.add_argument("--trace-config", action="append", default=[], metavar="[<mode>,]<setting>=<value>",
-                   help="rate, level, count, mode; triton,file / triton,log-frequency (repeatable)")
-    p.add_argument("--trace-file", default=None, help="deprecated: --trace-config triton,file=<path>")
-    p.add_argument("--trace-level", action="append", default=[], help="deprecated: --trace-config level=<level>")
-    p.add_argument("--trace-rate", default=None, help="deprecated: --trace-config rate=<rate>")
-    p.add_argument("--trace-count", default=None, help="deprecated: --trace-config count=<count>")
-    p.add_argument("--trace-log-frequency", default=None,
-                   help="deprecated: --trace-config triton,log-frequency=<n>")
-    p.add_argument("--exit-timeout-secs", type=int, default=30)
-    p.add_argument("--strict-readiness", type=parse_bool, default=True)
-    p.add_argument("--exit-on-error", type=parse_bool, default=True)
-    p.add_argument("--disable-auto-complete-config", action="store_true")
-    p.add_argument("--strict-model-config", type=parse_bool, default=False)
-    p.add_argument("--model-control-mode", type=str.lower, choices=("none", "poll", "explicit"), default="none")
-    p.add_argument("--load-model", action="append", default=[], metavar="<model name>",
-                   help="with --model-control-mode=explicit: a model to load at start-up (repeatable; '*': all)")
-    p.add_argument("--repository-poll-secs", type=int, default=15,
-                   help="with --model-control-mode=poll: seconds between looks at the model repositories")
-    p.add_argument("--model-config-name", default=None,
-                   help="use <model>/configs/<name>.pbtxt instead of config.pbtxt where it exists")
-    p.add_argument("--backend-config", action="append", default=[])
-    p.add_argument("--cache-config", action="append", default=[], metavar="<cache name>,<setting>=<value>",
-                   help="the response cache: local,size=<bytes> (repeatable)")
-    p.add_argument("--response-cache-byte-size", type=int, default=None,
-                   help="deprecated: --cache-config local,size=<bytes>")
-    p.add_argument("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
-                   help="where Python-based backends (<name>/model.py) are found "
-                        "(default: the python_based/ folder of kernel.backends in the installed package)")
-    p.add_argument("--allow-sagemaker", type=parse_bool, default=False,
-                   help="serve the SageMaker endpoint (/ping, /invocations, /models)")
-    p.add_argument("--sagemaker-port", type=int, default=8080)
-    p.add_argument("--sagemaker-safe-port-range", type=_port_range, default=None, metavar="<low>-<high>",
-                   help="ports the other endpoints may use when SageMaker is allowed")
-    p.add_argument("--allow-vertex-ai", type=parse_bool, default=vertex_prediction,
-                   help="serve the Vertex AI endpoint (default: true when AIP_MODE=PREDICTION)")
-    p.add_argument("--vertex-ai-port", type=int, default=os.environ.get("AIP_HTTP_PORT", "8080"),
-                   help="default: AIP_HTTP_PORT, or 8080")
-    p.add_argument("--vertex-ai-default-model", default="",
-                   help="the model AIP_PREDICT_ROUTE serves (needed when the repository has several)")
+
+    a = _adder(g["Server"])
+    a("--id", default="triton", help="server identifier reported by GET /v2")
+    a("--exit-timeout-secs", type=parse_int, default=30,
+      help="seconds to wait for in-flight requests at shutdown")
+
+    a = _adder(g["Logging"])
+    a("--log-verbose", type=parse_verbose_level, default=0,
+      help="verbose logging level; 0 disables verbose logging (true/false mean 1/0)")
+    a("--log-info", type=parse_bool, default=True, help="enable/disable info-level logging")
+    a("--log-warning", type=parse_bool, default=True,
+      help="enable/disable warning-level logging")
+    a("--log-error", type=parse_bool, default=True, help="enable/disable error-level logging")
+    a("--log-format", type=choice("--log-format", LOG_FORMATS), default="default", metavar="{" + ",".join(LOG_FORMATS) + "}",
+      help="log line layout: tritonserver's default or ISO8601, or Kernel's json (one object per line)")
+    a("--log-file", default=None, help="append the log to this file instead of writing it to stderr")
+
+    a = _adder(g["Model Repository"])
+    a("--model-repository", "--model-store", dest="model_repository", action="append",
+      help="model repository path (repeatable); default: AIP_STORAGE_URI; required otherwise")
+    a("--exit-on-error", type=parse_bool, default=True,
+      help="exit when a model fails to load at start-up")
+    a("--disable-auto-complete-config", action="store_true",
+      help="do not let models complete their configuration (auto_complete_config)")
+    a("--strict-readiness", type=parse_bool, default=True,
+      help="ready only when every model is ready (false: ready once the server is live)")
+    a("--model-control-mode", type=choice("--model-control-mode", ("none", "poll", "explicit"), fold_case=True),
+      default="none", metavar="{none,poll,explicit}", help="how models are loaded and unloaded")
+    a("--repository-poll-secs", type=parse_int, default=15,
+      help="with --model-control-mode=poll: seconds between looks at the model repositories")
+    a("--load-model", action="append", default=[], metavar="<model name>",
+      help="with --model-control-mode=explicit: a model to load at start-up (repeatable; '*': all)")
+    a("--model-config-name", default=None,
+      help="use <model>/configs/<name>.pbtxt instead of config.pbtxt where it exists")
+
+    a = _adder(g["HTTP"])
+    a("--allow-http", type=parse_bool, default=not vertex_prediction,
+      help="serve KServe v2 over HTTP (default false when AIP_MODE=PREDICTION)")
+    a("--http-address", default="0.0.0.0", help="address the HTTP endpoint listens on")
+    a("--http-port", type=parse_int, default=8000, help="port the HTTP endpoint listens on")
+    a("--http-header-forward-pattern", default="",
+      help="request headers whose names match this regular expression become request parameters")
+    a("--http-restricted-api", action="append", default=[], metavar="<apis>:<key>=<value>",
+      help="HTTP APIs (comma-separated) that answer only with header <key>: <value> (repeatable)")
+    a("--http-max-input-size", type=parse_int64, default=64 * 1024 * 1024,
+      help="Kernel only: the largest accepted HTTP request body in bytes")
+    a("--http-server", type=choice("--http-server", ("uvicorn", "hypercorn")), default="uvicorn",
+      metavar="{uvicorn,hypercorn}", help="Kernel only: the HTTP server library")
+
+    a = _adder(g["GRPC"])
+    a("--allow-grpc", type=parse_bool, default=not vertex_prediction,
+      help="serve KServe v2 over gRPC (default false when AIP_MODE=PREDICTION)")
+    a("--grpc-address", default="0.0.0.0", help="address the gRPC endpoint listens on")
+    a("--grpc-port", type=parse_int, default=8001, help="port the gRPC endpoint listens on")
+    a("--grpc-header-forward-pattern", default="",
+      help="gRPC metadata whose keys match this regular expression become request parameters")
+    a("--grpc-infer-allocation-pool-size", type=parse_int, default=8, help="accepted; no effect in Kernel")
+    a("--grpc-use-ssl", type=parse_bool, default=False, help="serve gRPC over TLS")
+    a("--grpc-use-ssl-mutual", type=parse_bool, default=False,
+      help="serve gRPC over TLS and require client certificates")
+    a("--grpc-server-cert", default="", help="the server's certificate file (PEM)")
+    a("--grpc-server-key", default="", help="the server's private key file (PEM)")
+    a("--grpc-root-cert", default="", help="the CA certificate that client certificates must chain to")
+    a("--grpc-keepalive-time", type=parse_int, default=7200000, help="milliseconds between keepalive pings")
+    a("--grpc-keepalive-timeout", type=parse_int, default=20000,
+      help="milliseconds to wait for a keepalive ping's answer")
+    a("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False,
+      help="allow keepalive pings while no call is open")
+    a("--grpc-http2-max-pings-without-data", type=parse_int, default=2,
+      help="pings the server sends without data before it waits for data")
+    a("--grpc-restricted-protocol", action="append", default=[], metavar="<apis>:<key>=<value>",
+      help="gRPC APIs that answer only with metadata triton-grpc-protocol-<key>: <value> (repeatable)")
+    a("--grpc-server", type=choice("--grpc-server", ("native", "grpclib", "grpcio")), default=None,
+      metavar="{native,grpclib,grpcio}", help="Kernel only: the gRPC server implementation (None: native)")
+
+    a = _adder(g["Sagemaker"])
+    a("--allow-sagemaker", type=parse_bool, default=False,
+      help="serve the SageMaker endpoint (/ping, /invocations, /models)")
+    a("--sagemaker-port", type=parse_int, default=8080, help="port the SageMaker endpoint listens on")
+    a("--sagemaker-safe-port-range", type=_port_range, default=None, metavar="<low>-<high>",
+      help="ports the other endpoints may use when SageMaker is allowed")
+
+    a = _adder(g["Vertex"])
+    a("--allow-vertex-ai", type=parse_bool, default=vertex_prediction,
+      help="serve the Vertex AI endpoint (default true when AIP_MODE=PREDICTION)")
+    a("--vertex-ai-port", type=parse_int, default=os.environ.get("AIP_HTTP_PORT") or "8080",
+      help="port the Vertex AI endpoint listens on (default AIP_HTTP_PORT, or 8080)")
+    a("--vertex-ai-default-model", default="",
+      help="the model AIP_PREDICT_ROUTE serves (needed when the repository has several)")
+
+    a = _adder(g["Metrics"])
+    a("--allow-metrics", type=parse_bool, default=True,
+      help="serve Prometheus metrics on --metrics-port")
+    a("--allow-cpu-metrics", type=parse_bool, default=True,
+      help="collect CPU and memory utilisation metrics")
+    a("--metrics-address", default=None, help="address of the metrics endpoint (None: --http-address, "
+      "or 0.0.0.0 without HTTP)")
+    a("--metrics-port", type=parse_int, default=8002, help="port the metrics endpoint listens on")
+    a("--metrics-interval-ms", type=parse_float, default=2000.0,
+      help="milliseconds between samples of the per-interval metrics (CPU)")
+    a("--metrics-config", action="append", default=[], metavar="[<group>,]<setting>=<value>",
+      help="counter_latencies, summary_latencies, summary_quantiles, histogram_latencies (repeatable)")
+
+    a = _adder(g["Tracing"])
+    a("--trace-config", action="append", default=[], metavar="[<mode>,]<setting>=<value>",
+      help="rate, level, count, mode; triton,file / triton,log-frequency (repeatable)")
+
+    a = _adder(g["Backend"])
+    a("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
+      help="where Python-based backends (<name>/model.py) are found")
+    a("--backend-config", action="append", default=[], metavar="[<backend>,]<setting>=<value>",
+      help="a backend setting, e.g. python,shm-default-byte-size=1048576 (repeatable)")
+
+    a = _adder(g["Response Cache"])
+    a("--cache-config", action="append", default=[], metavar="<cache name>,<setting>=<value>",
+      help="the response cache: local,size=<bytes> (repeatable)")
+
+    a = _adder(g["DEPRECATED"])
+    a("--response-cache-byte-size", type=parse_int64, default=None,
+      help="deprecated: --cache-config local,size=<bytes>")
+    a("--strict-model-config", type=parse_bool, default=False,
+      help="deprecated: the opposite of auto-completing model configurations")
+    a("--trace-file", default=None, help="deprecated: --trace-config triton,file=<path>")
+    a("--trace-level", action="append", default=[], help="deprecated: --trace-config level=<level>")
+    a("--trace-rate", type=parse_int_text, default=None, help="deprecated: --trace-config rate=<rate>")
+    a("--trace-count", type=parse_int_text, default=None, help="deprecated: --trace-config count=<count>")
+    a("--trace-log-frequency", type=parse_int_text, default=None,
+      help="deprecated: --trace-config triton,log-frequency=<n>")
+
     p.set_defaults(no_effect=[])
     for flag in sorted(NO_EFFECT_FLAGS):
-        p.add_argument(f"--{flag}", action=_NoEffect, help=argparse.SUPPRESS)
+        _adder(g[_FLAG_GROUPS.get(flag, "Memory/Device Management")])(
+            f"--{flag}", action=_NoEffect, type=FLAG_KINDS.get(flag, str),
+            help="accepted for compatibility with tritonserver; no effect in Kernel")
     for flag in sorted(NOT_YET_FLAGS):
-        p.add_argument(f"--{flag}", action=_NotYet, nargs="?", help=argparse.SUPPRESS)
+        _adder(g[_FLAG_GROUPS.get(flag, "Server")])(
+            f"--{flag}", action=_NotYet, nargs="?",
+            help="not supported by Kernel yet (refused)")
     return parser
-
-
-def _port_range(value: str) -> tuple[int, int]:
-    low, sep, high = value.partition("-")
-    try:
-        if not sep:
-            raise ValueError
-        return int(low), int(high)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected <integer>-<integer>, got '{value}'") from None
 
 
 def check_ports(args) -> None:
@@ -250,7 +498,8 @@ def _repository_paths(args) -> list[str]:
     storage = os.environ.get("AIP_STORAGE_URI", "")
     if storage:  # Vertex AI hands the model location over in the environment
         return [storage]
-    return [str(BUNDLED_REPOSITORY)]
+    # As tritonserver: no repository, no server (`make serve` names model_repo_examples/).
+    raise StartupError("Invalid argument - --model-repository must be specified")
 
 
 def _check_local(path: str) -> None:
@@ -402,6 +651,25 @@ def build_server(args) -> Server:
     return server
 
 
+# tritonserver's name of each service in its "failed to start <name> service: ..." line.
+SERVICE_NAMES = {"HTTPService": "HTTP", "GRPCInferenceService": "GRPC", "Metrics Service": "Metrics",
+                 "Sagemaker HTTPService": "Sagemaker", "Vertex AI HTTPService": "Vertex AI"}
+# Why a listening socket could not be made: tritonserver words them all "already in use".
+_BIND_ERRNOS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
+
+
+def service_failure(exc: TransportStartError) -> str:
+    """The one line tritonserver logs when a service cannot start; for a port that cannot be
+    listened on: `failed to start HTTP service: Unavailable - Socket '0.0.0.0:8000' already in use `
+    (its trailing space included, for scripts that match the whole line)."""
+    transport = exc.transport
+    name = SERVICE_NAMES.get(transport.service_name, transport.service_name)
+    address, port = getattr(transport, "address", None), getattr(transport, "port", None)
+    if exc.errno in _BIND_ERRNOS and address is not None:
+        return f"failed to start {name} service: Unavailable - Socket '{address}:{port}' already in use "
+    return f"failed to start {name} service: {exc}"
+
+
 async def serve(args) -> int:
     server = build_server(args)
     loop = asyncio.get_running_loop()
@@ -411,8 +679,15 @@ async def serve(args) -> int:
     try:
         await server.start()
         await server.start_transports()
+    except TransportStartError as exc:
+        log.error("%s", service_failure(exc))
+        await server.stop()
+        return 1
     except (StartupError, OSError) as exc:
-        log.error("error: creating server: %s", exc)
+        if str(exc).startswith("failed to start "):  # a service refused its settings, e.g. Vertex AI's
+            log.error("%s", exc)
+        else:
+            log.error("error: creating server: %s", exc)
         await server.stop()
         return 1
     await stop.wait()

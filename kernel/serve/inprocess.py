@@ -36,9 +36,10 @@ def parse_args(argv: list[str]):
     try:
         with contextlib.redirect_stderr(errors):
             return parser.parse_args(argv)
-    except SystemExit:
+    except SystemExit as exc:
         lines = [line for line in errors.getvalue().splitlines() if line.strip()]
-        raise ServerArgumentError(lines[-1] if lines else "invalid server arguments") from None
+        message = " ".join(getattr(exc, "message", "").split("\n"))  # cli.ArgumentsRefused: both lines
+        raise ServerArgumentError(message or (lines[-1] if lines else "invalid server arguments")) from None
 
 
 class InProcessServer:

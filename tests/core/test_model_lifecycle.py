@@ -123,7 +123,7 @@ def test_busy_grpc_port_fails_start_up_and_is_never_ready(start_kernel):
     assert k.wait_exit(30) != 0
     assert 200 not in seen
     log = k.log()
-    assert "error: creating server" in log and str(port) in log
+    assert f"failed to start GRPC service: Unavailable - Socket '127.0.0.1:{port}' already in use" in log
 
 
 def test_unknown_flag_is_an_error(start_kernel):

@@ -201,7 +201,7 @@ def test_missing_routes_stop_start_up(start_kernel, tmp_path):
     del env["AIP_PREDICT_ROUTE"]
     k = start_kernel([repo], env=env)
     assert k.wait_exit(60) != 0
-    assert "AIP_PREDICT_ROUTE is not defined" in k.log()
+    assert "API_PREDICT_ROUTE is not defined for Vertex AI endpoint" in k.log()  # sic, as tritonserver
 
 
 def test_flags_without_aip_mode(start_kernel, tmp_path):

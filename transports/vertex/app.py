@@ -120,9 +120,9 @@ class VertexApp:
         """Validate the environment and pick the default model (raises ValueError with the reason)."""
         s = self.settings
         if not s.predict_route:
-            raise ValueError("AIP_PREDICT_ROUTE is not defined for the Vertex AI endpoint")
+            raise ValueError("API_PREDICT_ROUTE is not defined for Vertex AI endpoint")  # sic: tritonserver's wording
         if not s.health_route:
-            raise ValueError("AIP_HEALTH_ROUTE is not defined for the Vertex AI endpoint")
+            raise ValueError("AIP_HEALTH_ROUTE is not defined for Vertex AI endpoint")
         ready = sorted(n for n, e in self.server.registry.entries.items() if e.latest_ready() is not None)
         if not self.model_name:
             if len(ready) != 1:

@@ -27,5 +27,5 @@ class VertexAiTransport(CloudHttpTransport):
         try:
             self.app.check()
         except ValueError as exc:
-            raise StartupError(f"failed to start Vertex AI service: {exc}") from None
+            raise StartupError(f"failed to start Vertex AI service: Invalid argument - {exc}") from None
         return await super().start()

@@ -1,0 +1,54 @@
+"""Flag values as tritonserver takes them, through a real `kernel serve`: the value reaches the
+server (not only the parser), and a refused value stops start-up with tritonserver's words and
+exit status. (The parse-level table is test_flag_values.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+
+from conftest import TEST_MODELS
+
+
+def get_json(url: str):
+    data = b"{}" if url.endswith("/index") else None
+    with urllib.request.urlopen(url, data=data, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_log_verbose_true_turns_verbose_logging_on(start_kernel, tmp_path):
+    # SageMaker start-up scripts pass exactly this; tritonserver reads it as level 1.
+    k = start_kernel([tmp_path], "--log-verbose=true", "--log-info", "TRUE", "--log-warning=Off").wait_ready()
+    settings = get_json(f"http://{k.url}/v2/logging")
+    assert settings["log_verbose_level"] == 1
+    assert settings["log_info"] is True and settings["log_warning"] is False
+
+
+def test_boolean_words_switch_services(start_kernel, tmp_path):
+    k = start_kernel([tmp_path], "--allow-grpc=Off", "--strict-readiness", "FALSE").wait_ready()
+    log = k.log()
+    assert "Started HTTPService" in log and "Started GRPCInferenceService" not in log
+
+
+def test_exit_on_error_in_capitals_stops_on_a_failed_model(start_kernel, tmp_path):
+    shutil.copytree(TEST_MODELS / "bad" / "init_fails", tmp_path / "init_fails")
+    k = start_kernel([tmp_path], "--exit-on-error=TRUE")
+    assert k.wait_exit(60) == 1
+    assert "failed to load all models" in k.log()
+
+
+def test_exit_on_error_off_keeps_serving(start_kernel, tmp_path):
+    shutil.copytree(TEST_MODELS / "bad" / "init_fails", tmp_path / "init_fails")
+    k = start_kernel([tmp_path], "--exit-on-error", "off", "--strict-readiness=0")
+    k.wait_ready()
+    index = get_json(f"http://{k.url}/v2/repository/index")  # POST with an empty body
+    assert [(m["name"], m.get("state")) for m in index] == [("init_fails", "UNAVAILABLE")]
+    assert k.proc.poll() is None
+
+
+def test_a_refused_value_stops_start_up_in_tritonservers_words(start_kernel, tmp_path):
+    k = start_kernel([tmp_path], "--log-verbose=yes")
+    assert k.wait_exit(30) == 1
+    assert 'Bad option: "--log-verbose".\nInvalid option value. Got yes\n' in k.log()
+    assert "Started" not in k.log()
