@@ -6,20 +6,23 @@ a region name, and then names that region in a request's tensor parameters
 instead of sending the bytes. Both transports share the one registry kept
 here on the Server.
 
-Inputs enter the core as memoryview slices of the mapping (no copy until the
-backend moves them into its own arena); outputs are copied into the client's
-window when the response arrives, and the response then carries no data for
-them. Every access is bounds-checked against the registered window.
+The object is read and written with pread/pwrite on a file descriptor, never
+through a mapping. Why: the client owns the object and can shrink it at any
+time; touching a mapped page past the new end raises SIGBUS, which kills the
+whole front process (issue 14 item 3). pread past the end is just a short read
+(answered 400), and each output write checks the object's current size first.
+The cost is one copy of each input (a backend copies it into its own arena
+anyway) and none extra for outputs. Every access is also bounds-checked
+against the registered window.
 
-Unregistering drops the registry's hold on the mapping at once; a request
-still in flight keeps its slices (a memoryview keeps its mmap alive) and lets
-go of them when it finishes, which unmaps the window. So no access can ever
-reach memory that is no longer mapped.
+Unregistering drops the registry's descriptor at once; a request still in
+flight keeps its output windows (each holds the descriptor) and lets go of
+them when it finishes, which closes it. So no write can ever reach a
+descriptor number that was closed and reused for something else.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import stat
 
@@ -31,31 +34,69 @@ SHM_DIR = "/dev/shm"
 _NAME_MAX = 255
 
 
+class _Descriptor:
+    """An open file descriptor, closed when the last holder (region or output window) lets go of it."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
 class SystemRegion:
     """One registered window [offset, offset + byte_size) of a shared-memory object."""
 
-    __slots__ = ("name", "key", "offset", "byte_size", "_map", "view")
+    __slots__ = ("name", "key", "offset", "byte_size", "file")
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int, mapping: mmap.mmap, skip: int):
+    def __init__(self, name: str, key: str, offset: int, byte_size: int, file: _Descriptor):
         self.name = name
         self.key = key
         self.offset = offset
         self.byte_size = byte_size
-        self._map = mapping
-        # The mapping starts on a page boundary at or below `offset`; skip the slack.
-        self.view = memoryview(mapping)[skip : skip + byte_size]
+        self.file = file
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
     def close(self) -> None:
-        """Unmap now unless a request still holds a slice; then the last slice's release unmaps it."""
-        self.view.release()
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # in use by an in-flight request: freed with its last reference
-        self._map = None
+        """Drop the registry's descriptor; output windows of in-flight requests keep theirs."""
+        self.file = None
+
+    def shrunk(self, at: int, n: int) -> KernelError:
+        return KernelError(
+            ErrorCode.INVALID_ARG,
+            f"shared memory region '{self.name}' (key '{self.key}') no longer holds bytes {at}..{at + n} of its "
+            "object: the object was made smaller after it was registered",
+        )
+
+
+class OutputWindow:
+    """Where one output goes in a client region: written with pwrite once the object's size is checked."""
+
+    __slots__ = ("region", "file", "at", "nbytes")
+
+    def __init__(self, region: SystemRegion, at: int, nbytes: int):
+        self.region = region
+        self.file = region.file
+        self.at = at  # offset in the shared-memory object
+        self.nbytes = nbytes
+
+    def write(self, data) -> None:
+        """Write `data` (at most nbytes) at the start of the window; KernelError if the object shrank."""
+        data = memoryview(data).cast("B")
+        n = data.nbytes
+        fd = self.file.fd
+        if os.fstat(fd).st_size < self.at + n:
+            raise self.region.shrunk(self.at, n)
+        done = 0
+        while done < n:
+            done += os.pwrite(fd, data[done:], self.at + done)
+
+    def release(self) -> None:
+        self.file = None
 
 
 def _open_key(key: str) -> int:
@@ -84,24 +125,12 @@ class SharedMemoryManager:
         try:
             fd = _open_key(key)
         except OSError:
-            raise KernelError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or byte_size <= 0 or offset < 0 or offset + byte_size > info.st_size:
-                raise KernelError(ErrorCode.INTERNAL, f"Invalid shared memory region: '{key}'")
-            # mmap wants a page-aligned file offset; map from the page holding `offset`.
-            start = offset - offset % mmap.ALLOCATIONGRANULARITY
-            try:
-                mapping = mmap.mmap(fd, offset + byte_size - start, mmap.MAP_SHARED,
-                                    mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
-            except (OSError, ValueError) as exc:
-                raise KernelError(
-                    ErrorCode.INVALID_ARG,
-                    f"failed to register shared memory region '{name}': unable to map '{key}': {exc}",
-                ) from None
-        finally:
-            os.close(fd)
-        self._system[name] = SystemRegion(name, key, offset, byte_size, mapping, offset - start)
+            raise KernelError(ErrorCode.INVALID_ARG, f"Unable to open shared memory region: '{key}'") from None
+        file = _Descriptor(fd)  # closes fd however this ends
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or byte_size <= 0 or offset < 0 or offset + byte_size > info.st_size:
+            raise KernelError(ErrorCode.INVALID_ARG, f"Invalid shared memory region: '{key}'")
+        self._system[name] = SystemRegion(name, key, offset, byte_size, file)
 
     def unregister_system(self, name: str = "") -> None:
         """Forget one region ('' = all of them); an unknown name is not an error, as in Triton."""
@@ -149,8 +178,7 @@ class SharedMemoryManager:
 
     # ---- tensors -------------------------------------------------------------
 
-    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
-        """The bytes [offset, offset + byte_size) of region `name`, bounds-checked."""
+    def _window(self, name: str, offset: int, byte_size: int) -> SystemRegion:
         region = self._system.get(name)
         if region is None:
             raise KernelError(ErrorCode.NOT_FOUND, f"Unable to find shared memory region: '{name}'")
@@ -161,10 +189,27 @@ class SharedMemoryManager:
             raise KernelError(
                 ErrorCode.INVALID_ARG, f"Invalid offset + byte size for shared memory region: '{name}'"
             )
-        return region.view[offset : offset + byte_size]
+        return region
+
+    def view(self, name: str, offset: int, byte_size: int) -> bytes:
+        """A copy of the bytes [offset, offset + byte_size) of region `name` (an input), bounds-checked.
+
+        KernelError(INVALID_ARG) when the object no longer holds them (the client shrank it).
+        """
+        region = self._window(name, offset, byte_size)
+        at = region.offset + offset
+        data = os.pread(region.file.fd, byte_size, at) if byte_size else b""
+        if len(data) != byte_size:
+            raise region.shrunk(at, byte_size)
+        return data
+
+    def output_window(self, name: str, offset: int, byte_size: int) -> OutputWindow:
+        """Where an output goes: [offset, offset + byte_size) of region `name`, bounds-checked."""
+        region = self._window(name, offset, byte_size)
+        return OutputWindow(region, region.offset + offset, byte_size)
 
     def close(self) -> None:
-        """Unmap everything (server shutdown)."""
+        """Forget every region (server shutdown)."""
         self.unregister_system()
 
 
@@ -176,25 +221,24 @@ def _gpu_present() -> bool:
 
 
 class RequestWindows:
-    """The client windows one request uses (its `shm`), released when the request finishes."""
+    """The client windows one request writes its outputs into (its `shm`), released when it finishes."""
 
     __slots__ = ("outputs", "held")
 
     def __init__(self) -> None:
-        self.outputs: dict[str, memoryview] = {}  # output name -> window it is written into
-        self.held: list[memoryview] = []
+        self.outputs: dict[str, OutputWindow] = {}  # output name -> window it is written into
+        self.held: list = []
 
-    def hold(self, window: memoryview) -> memoryview:
-        self.held.append(window)
+    def hold(self, window):
+        """Keep an output window until the request ends (an input's bytes are a copy: nothing to hold)."""
+        if isinstance(window, OutputWindow):
+            self.held.append(window)
         return window
 
     def release(self) -> None:
-        """Let go of every window, so an unregistered region is unmapped as soon as its requests end."""
+        """Let go of every window, so an unregistered region's descriptor closes as soon as its requests end."""
         for window in self.held:
-            try:
-                window.release()
-            except BufferError:
-                pass  # something still reads it (a numpy view): freed with that
+            window.release()
         self.held = []
         self.outputs = {}
 
@@ -211,7 +255,9 @@ def route_through_windows(request: InferRequest) -> None:
         if response.error is None and response.outputs and windows.outputs:
             try:
                 response = _place(response, windows.outputs)
-            except (ValueError, TypeError) as exc:  # an output buffer numpy/memoryview cannot copy
+            except KernelError as exc:  # the client shrank the object under an output window
+                response = _failed(response, exc.message, exc.code)
+            except (ValueError, TypeError, OSError) as exc:  # an output buffer that cannot be copied
                 response = _failed(response, f"unable to write outputs into shared memory: {exc}")
         if response.final:
             windows.release()
@@ -220,7 +266,7 @@ def route_through_windows(request: InferRequest) -> None:
     request.on_response = on_response
 
 
-def _place(response: InferResponse, slots: dict[str, memoryview]) -> InferResponse:
+def _place(response: InferResponse, slots: dict[str, OutputWindow]) -> InferResponse:
     outputs = []
     for t in response.outputs:
         slot = slots.get(t.name)
@@ -234,17 +280,17 @@ def _place(response: InferResponse, slots: dict[str, memoryview]) -> InferRespon
                 response,
                 f"shared memory size specified with the request for output '{t.name}' ({slot.nbytes} bytes) "
                 f"should be at least {n} bytes to hold the results",
+                ErrorCode.INVALID_ARG,  # the client's window is too small: a client error (Triton says 500)
             )
-        slot[:n] = raw
+        slot.write(raw)
         # The data now lives in the client's region; the response carries none.
         outputs.append(InferTensor(t.name, t.datatype, t.shape, raw=b""))
     response.outputs = outputs
     return response
 
 
-
-def _failed(response: InferResponse, message: str) -> InferResponse:
+def _failed(response: InferResponse, message: str, code: ErrorCode = ErrorCode.INTERNAL) -> InferResponse:
     return InferResponse(
         response.model_name, response.model_version, response.id, final=response.final,
-        error=KernelError(ErrorCode.INTERNAL, message),
+        error=KernelError(code, message),
     )

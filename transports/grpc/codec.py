@@ -221,8 +221,9 @@ def _contents_tensor(io, model_name: str) -> InferTensor:
 # ---------------------------------------------------------------- shared memory
 
 
-def _shm_window(io, shm: Optional[SharedMemoryManager], windows: RequestWindows) -> Optional[memoryview]:
-    """The client region window a tensor's shared_memory_* parameters name, or None if they name none."""
+def _shm_window(io, shm: Optional[SharedMemoryManager], windows: RequestWindows, output: bool = False):
+    """What a tensor's shared_memory_* parameters name, or None if they name none: an input's bytes
+    (a copy), or an output's OutputWindow (kernel/core/shared_memory.py says why not a mapping)."""
     params = io.parameters
     region = params.get("shared_memory_region")
     if region is None:
@@ -246,7 +247,8 @@ def _shm_window(io, shm: Optional[SharedMemoryManager], windows: RequestWindows)
     byte_size = _expect(io.name, "shared_memory_byte_size", p, "int64_param")
     if shm is None:
         raise KernelError(ErrorCode.UNSUPPORTED, "shared memory is not supported on this endpoint")
-    return windows.hold(shm.view(region.string_param, offset, byte_size))
+    get = shm.output_window if output else shm.view
+    return windows.hold(get(region.string_param, offset, byte_size))
 
 
 def _expect(tensor: str, key: str, p, kind: str):
@@ -302,7 +304,7 @@ def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None) -> tuple
             oparams = None
             if o.parameters:
                 windows = windows or RequestWindows()
-                window = _shm_window(o, shm, windows)
+                window = _shm_window(o, shm, windows, output=True)
                 if window is not None:
                     if "classification" in o.parameters:
                         raise _bad("output can't set both 'shared_memory_region' and 'classification'")

@@ -16,7 +16,7 @@ import numpy as np
 from kernel.core import datatypes
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
-from kernel.core.shared_memory import RequestWindows, SharedMemoryManager
+from kernel.core.shared_memory import OutputWindow, RequestWindows, SharedMemoryManager
 from kernel.transports.http import parameters
 
 
@@ -248,13 +248,13 @@ def _shm_input(
 
 def _shm_output(
     name: str, params: dict, shm: Optional[SharedMemoryManager], windows: RequestWindows
-) -> memoryview:
+) -> OutputWindow:
     if "classification" in params:
         raise _bad("Output can't set both 'shared_memory_region' and 'classification'")
     if params.get("binary_data") is True:
         raise _bad("Output can't set both 'shared_memory_region' and 'binary_data'")
     region, offset, byte_size = _shm_parameters(name, params)
-    return windows.hold(_regions(shm).view(region, offset, byte_size))
+    return windows.hold(_regions(shm).output_window(region, offset, byte_size))
 
 
 def _shm_parameters(tensor: str, params: dict) -> tuple[str, int, int]:
