@@ -143,7 +143,7 @@ class Triton:
                 raise
 
     def _bound_model(self, model: BoundCallables):
-        from kernel.backends.callable import BoundModel
+        from kernel.serve.bound import BoundModel
 
         c = model.triton_model_config
         return BoundModel(
@@ -260,7 +260,7 @@ class Triton:
     def _run_server(self) -> None:
         if self._runtime is not None and self._runtime.is_alive():
             return
-        from kernel.backends.callable import CallableBackend
+        from kernel.serve.bound import install_callable_backend
         from kernel.serve.inprocess import InProcessServer, ServerArgumentError, parse_args
         from kernel.core.server import StartupError
 
@@ -279,12 +279,7 @@ class Triton:
         backend_holder = []
 
         def install_backend(server) -> None:
-            backend = CallableBackend(fallback=server.backends.get("python"))
-            backend.attach(server)
-            server.backends["python"] = backend
-            for m in models:
-                backend.register(self._bound_model(m))
-            backend_holder.append(backend)
+            backend_holder.append(install_callable_backend(server, [self._bound_model(m) for m in models]))
 
         runtime = InProcessServer(args, prepare=install_backend)
         try:

@@ -83,10 +83,10 @@ class ServerProcess:
 
     name = "server"
 
-    def __init__(self, args: list[str], log_path: Path, env=None):
+    def __init__(self, args: list[str], log_path: Path, env=None, cwd=None):
         self.log_path = log_path
         self._log = open(self.log_path, "w+b")
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(args, cwd=cwd or ROOT, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})
 
     @property
@@ -137,9 +137,12 @@ class KernelProcess(ServerProcess):
 
     name = "kernel serve"
 
-    def __init__(self, repos, *extra: str, env=None):
+    def __init__(self, repos, *extra: str, env=None, cwd=None):
+        """cwd: where to start it; then it starts as users do, with the `kernel` command (not
+        `python -m`, which would put that folder first on the front process's import path)."""
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
-        args = [sys.executable, "-m", "kernel", "serve"]
+        command = [str(Path(sys.executable).with_name("kernel"))] if cwd else [sys.executable, "-m", "kernel"]
+        args = [*command, "serve"]
         for r in repos:
             args += ["--model-repository", str(r)]
         args += [
@@ -147,7 +150,7 @@ class KernelProcess(ServerProcess):
             "--metrics-port", str(self.metrics_port), *extra,
         ]
         log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel-test-{self.http_port}.log"
-        super().__init__(args, log_path, env)
+        super().__init__(args, log_path, env, cwd)
 
     def wait_ready(self, timeout: float = 60.0) -> "KernelProcess":
         return self.wait_until_ok(["/v2/health/ready"], timeout)

@@ -11,7 +11,7 @@ import logging
 from typing import Optional
 
 from kernel.transports.restrictions import Restrictions
-from kernel.core.server import Server
+from kernel.core.server import Server, StartupError
 from kernel.core.transport import Transport
 from kernel.transports.asgi import UvicornListener
 from kernel.transports.http.app import HttpApp
@@ -50,8 +50,13 @@ class HttpTransport(Transport):
         await self._uvicorn.start()
 
     async def _start_hypercorn(self) -> None:
-        from hypercorn.asyncio import serve
-        from hypercorn.config import Config
+        try:
+            from hypercorn.asyncio import serve
+            from hypercorn.config import Config
+        except ImportError as exc:
+            raise StartupError(
+                f"--http-server hypercorn needs hypercorn ({exc}): pip install 'kernel-inference-server[hypercorn]'"
+            ) from None
 
         config = Config()
         config.bind = [f"{self.address}:{self.port}"]

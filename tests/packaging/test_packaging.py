@@ -1,0 +1,82 @@
+"""What `pip install` puts on a user's machine, and what a user's working directory cannot break."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from conftest import EXAMPLES, ROOT, KernelProcess, copy_model, running
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, timeout=300,
+    )
+    (found,) = out.glob("*.whl")
+    return found
+
+
+def test_wheel_installs_only_two_top_level_names(wheel):
+    """PyPI has unrelated `transports` and `backends` projects: ours install inside `kernel`."""
+    with zipfile.ZipFile(wheel) as z:
+        tops = {name.split("/")[0] for name in z.namelist() if not name.split("/")[0].endswith((".dist-info", ".data"))}
+        names = set(z.namelist())
+    assert tops == {"kernel", "triton_python_backend_utils"}
+    assert "kernel/transports/http/app.py" in names
+    assert "kernel/backends/python/worker.py" in names
+    assert "kernel/transports/grpc/protos/grpc_service.proto" in names
+    assert "kernel/protos/model_config.proto" in names
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    """pyproject lists the packages (package-dir maps transports/ and backends/ under kernel)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    prefixes = {"kernel": "kernel", "transports": "kernel.transports", "backends": "kernel.backends",
+                "triton_python_backend_utils": "triton_python_backend_utils"}
+    found = set()
+    for folder, package in prefixes.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([package, *rel.parts]))
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+    assert listed - found == set()
+
+
+def test_a_working_directory_with_kernel_py_and_backends_does_not_shadow_kernel(tmp_path):
+    """Workers start with `python -c` and drop the current directory from sys.path, so files a user
+    keeps where they start the server cannot replace Kernel's own modules."""
+    cwd = tmp_path / "project"
+    for package in ("backends", "transports", "kernel_extra"):
+        (cwd / package).mkdir(parents=True)
+        (cwd / package / "__init__.py").write_text("raise ImportError('the user\\'s own package was imported')\n")
+    (cwd / "kernel.py").write_text("raise ImportError('the user\\'s kernel.py was imported')\n")
+    (cwd / "triton_python_backend_utils.py").write_text("raise ImportError('the user\\'s pb_utils was imported')\n")
+    repo = tmp_path / "repo"
+    copy_model(EXAMPLES / "add_sub", repo)
+    k = KernelProcess([repo], cwd=cwd)
+    for k in running(k):
+        client = httpclient.InferenceServerClient(f"localhost:{k.http_port}")
+        inputs = [httpclient.InferInput("INPUT0", [4], "FP32"), httpclient.InferInput("INPUT1", [4], "FP32")]
+        inputs[0].set_data_from_numpy(np.arange(4, dtype=np.float32))
+        inputs[1].set_data_from_numpy(np.ones(4, dtype=np.float32))
+        result = client.infer("add_sub", inputs)
+        assert result.as_numpy("OUTPUT0").tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_serve_without_a_repository_is_refused_as_tritonserver_does(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel", "serve", "--http-port", "0"], cwd=tmp_path,
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "--model-repository must be specified" in proc.stdout + proc.stderr
