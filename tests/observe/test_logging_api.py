@@ -117,6 +117,19 @@ def test_log_format_over_grpc(kernel, http, grpc_client):
     assert lines and all(re.match(r"[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ model\.py:\d+\] ", line) for line in lines)
 
 
+def test_json_format_at_run_time_reaches_server_and_model(kernel, http):
+    """Kernel's third format, `json`, switched on through the logging extension: the model's lines
+    (written by its own process) become one JSON object per line, with the server's fields
+    (tests/serve/test_operator.py checks the server's own lines from start-up)."""
+    assert http.update_log_settings({"log_format": "json"})["log_format"] == "json"
+    lines = log_model_lines(kernel, http, 9)
+    records = [json.loads(line) for line in lines]
+    assert {r["message"] for r in records} >= {"logger_model info line", "logger_model warning line"}
+    assert all(set(r) == {"time", "level", "pid", "file", "line", "message"} for r in records)
+    assert http.update_log_settings({"log_format": "default"})["log_format"] == "default"
+    assert log_model_lines(kernel, http, 10)[0].startswith("I")  # and back
+
+
 def test_grpc_verbose_setting_is_seen_over_http(http, grpc_client):
     grpc_client.update_log_settings({"log_verbose_level": 3})
     assert http.get_log_settings()["log_verbose_level"] == 3

@@ -203,3 +203,39 @@ def test_vertex_ai_without_a_route_refuses_to_start(tmp_path, monkeypatch, missi
     errors = [l for l in k.log().splitlines() if l.startswith("E")]
     assert len(errors) == 1 and errors[0].endswith(line), k.log()
     assert "creating server" not in k.log()
+
+
+# ---- package metadata -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def package_metadata(tmp_path_factory):
+    """The METADATA setuptools writes for this checkout (the wheel's, without building the wheel)."""
+    out = tmp_path_factory.mktemp("metadata")
+    code = ("import sys; from setuptools import build_meta; "
+            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))")
+    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "SetuptoolsDeprecationWarning" not in done.stderr and "license" not in done.stderr.lower(), done.stderr
+    info = done.stdout.strip().splitlines()[-1]
+    from email.parser import Parser
+
+    return Parser().parsestr((out / info / "METADATA").read_text())
+
+
+def test_metadata_says_linux_only_and_which_pythons(package_metadata):
+    classifiers = package_metadata.get_all("Classifier")
+    assert "Operating System :: POSIX :: Linux" in classifiers  # memfd: Linux only
+    assert not [c for c in classifiers if c.startswith("Operating System ::") and "Linux" not in c]
+    versions = sorted(c.rsplit(" ", 1)[1] for c in classifiers if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert versions == ["3.10", "3.11", "3.12", "3.13"]
+    assert package_metadata["Requires-Python"] == ">=3.10"
+    assert package_metadata["Version"] == kernel.__version__
+    assert package_metadata.get_all("Project-URL")
+
+
+def test_metadata_license_is_the_license_file(package_metadata):
+    assert package_metadata["License-Expression"] == "Apache-2.0"
+    assert package_metadata.get_all("License-File") == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text().lstrip().startswith("Apache License\n")
