@@ -475,6 +475,10 @@ def check_ports(args) -> None:
         services.append(("SageMaker", "0.0.0.0", args.sagemaker_port, args.sagemaker_safe_port_range))
     if args.allow_vertex_ai:
         services.append(("Vertex AI", "0.0.0.0", args.vertex_ai_port, None))
+    for name, address, port, _ in services:
+        # tritonserver takes any integer and fails later, or listens nowhere; refuse it up front.
+        if not 0 <= port <= 65535:
+            raise StartupError(f"{name} port {port} is out of range: a port is 0 to 65535")
     for i, (name, address, port, allowed) in enumerate(services):
         others = services if allowed is not None else services[i + 1:]
         for other in others:

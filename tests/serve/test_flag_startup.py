@@ -52,3 +52,11 @@ def test_a_refused_value_stops_start_up_in_tritonservers_words(start_kernel, tmp
     assert k.wait_exit(30) == 1
     assert 'Bad option: "--log-verbose".\nInvalid option value. Got yes\n' in k.log()
     assert "Started" not in k.log()
+
+
+def test_a_port_out_of_range_parses_but_stops_start_up(start_kernel, tmp_path):
+    # tritonserver's parser takes any 32-bit integer for a port (and then logs "0.0.0.0:70000");
+    # Kernel parses it the same way and refuses it before anything listens.
+    k = start_kernel([tmp_path], "--http-port=70000")
+    assert k.wait_exit(30) == 1
+    assert "HTTP port 70000 is out of range" in k.log() and "Traceback" not in k.log()
