@@ -156,22 +156,24 @@ def test_json_is_refused_by_its_exact_name(capsys):
 # ---- a port that is taken ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("service, flag", [("HTTP", "--http-port"), ("GRPC", "--grpc-port"),
-                                           ("Metrics", "--metrics-port")])
-def test_a_taken_port_is_one_tritonserver_line(tmp_path, service, flag):
+@pytest.mark.parametrize("service, flag, address", [
+    ("HTTP", "--http-port", "127.0.0.1"), ("GRPC", "--grpc-port", "127.0.0.1"), ("Metrics", "--metrics-port", "127.0.0.1"),
+    ("Sagemaker", "--sagemaker-port", "0.0.0.0"),  # the SageMaker endpoint listens on every address
+])
+def test_a_taken_port_is_one_tritonserver_line(tmp_path, service, flag, address):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        address = flag.replace("-port", "-address")
+        extra = ["--allow-sagemaker=true"] if service == "Sagemaker" else []
         k = KernelProcess([tmp_path], "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
-                          "--metrics-address=127.0.0.1", f"{address}=127.0.0.1", f"{flag}={port}")
+                          "--metrics-address=127.0.0.1", *extra, f"{flag}={port}")
         try:
             assert k.wait_exit(60) == 1
         finally:
             k.stop()
     log = k.log()
-    expected = f"failed to start {service} service: Unavailable - Socket '127.0.0.1:{port}' already in use "
+    expected = f"failed to start {service} service: Unavailable - Socket '{address}:{port}' already in use "
     errors = [line for line in log.splitlines() if line.startswith("E")]
     assert errors == [next(line for line in errors if expected in line)], log
     assert re.fullmatch(rf'E\d{{4}} [\d:.]+ \d+ \S+:\d+\] "{re.escape(expected)}"', errors[0])
