@@ -2,7 +2,7 @@
 
     I1121 08:07:00.123456 4242 model_lifecycle.py:120] "successfully loaded 'add_sub'"
 
-Level letter (I/W/E/V), month+day, wall-clock time with microseconds, process
+Level letter (I/W/E; verbose lines are I too, as in tritonserver), month+day, wall-clock time with microseconds, process
 id, source file:line, then the message in double quotes.
 
 Besides tritonserver's two layouts ("default" above, and "ISO8601"), `--log-format json` writes
@@ -22,7 +22,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-_LETTERS = {logging.DEBUG: "V", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
+# Verbose lines carry "I", as tritonserver's do (--log-verbose=1: "I... cache_manager.cc:480] ...").
+_LETTERS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
 
 
 class TritonFormatter(logging.Formatter):

@@ -4,6 +4,7 @@ both the server and every model's pb_utils.Logger follow them at once, writing t
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import urllib.error
@@ -16,6 +17,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, TEST_MODELS, KernelProcess, running
+from kernel.observe import log as server_log
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +199,20 @@ def test_bad_grpc_values_are_refused(grpc_client, settings, code, message):
         grpc_client.update_log_settings(settings)
     assert info.value.status() == code and info.value.message() == message
     assert grpc_client.get_log_settings(as_json=True)["settings"]["log_format"]["string_param"] == "default"
+
+
+# ---- the line layouts (kernel.observe.log) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level, letter, name", [(logging.DEBUG, "I", "VERBOSE"), (logging.INFO, "I", "INFO"),
+                                                 (logging.WARNING, "W", "WARNING"), (logging.ERROR, "E", "ERROR")])
+def test_line_layouts(level, letter, name):
+    """tritonserver writes its verbose lines with the I letter (seen with --log-verbose=1); json names
+    the level instead, VERBOSE included."""
+    record = logging.LogRecord("kernel.core.server", level, "/x/server.py", 42, 'say "%s"', ("hi",), None)
+    assert re.fullmatch(rf'{letter}\d{{4}} \d\d:\d\d:\d\d\.\d{{6}} \d+ server\.py:42\] "say \\"hi\\""',
+                        server_log.formatter_for("default").format(record))
+    assert re.fullmatch(rf'\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ {letter} \d+ server\.py:42\] "say \\"hi\\""',
+                        server_log.formatter_for("ISO8601").format(record))
+    doc = json.loads(server_log.formatter_for("json").format(record))
+    assert doc["level"] == name and doc["message"] == 'say "hi"' and (doc["file"], doc["line"]) == ("server.py", 42)

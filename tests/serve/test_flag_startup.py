@@ -8,6 +8,8 @@ import json
 import shutil
 import urllib.request
 
+import pytest
+
 from conftest import TEST_MODELS
 
 
@@ -17,12 +19,25 @@ def get_json(url: str):
         return json.loads(r.read())
 
 
-def test_log_verbose_true_turns_verbose_logging_on(start_kernel, tmp_path):
-    # SageMaker start-up scripts pass exactly this; tritonserver reads it as level 1.
-    k = start_kernel([tmp_path], "--log-verbose=true", "--log-info", "TRUE", "--log-warning=Off").wait_ready()
+def run_logger_model(k) -> None:
+    body = json.dumps({"inputs": [{"name": "INPUT", "shape": [1], "datatype": "INT32", "data": [1]}]}).encode()
+    with urllib.request.urlopen(f"http://{k.url}/v2/models/logger_model/infer", data=body, timeout=30) as r:
+        assert r.status == 200
+
+
+@pytest.mark.parametrize("value, verbose", [("true", True), ("TRUE", True), ("false", False), ("2", True)])
+def test_log_verbose_true_turns_verbose_logging_on(start_kernel, tmp_path, value, verbose):
+    # SageMaker start-up scripts pass exactly `--log-verbose=true`; tritonserver reads it as level 1.
+    shutil.copytree(TEST_MODELS / "good" / "logger_model", tmp_path / "logger_model")
+    k = start_kernel([tmp_path], f"--log-verbose={value}", "--log-info", "TRUE", "--log-warning=Off").wait_ready()
     settings = get_json(f"http://{k.url}/v2/logging")
-    assert settings["log_verbose_level"] == 1
+    assert settings["log_verbose_level"] == {"true": 1, "TRUE": 1, "false": 0, "2": 2}[value]
     assert settings["log_info"] is True and settings["log_warning"] is False
+    run_logger_model(k)
+    assert k.wait_for_log("logger_model info line")
+    k.stop()
+    assert ("logger_model verbose line" in k.log()) is verbose
+    assert "logger_model warning line" not in k.log()
 
 
 def test_boolean_words_switch_services(start_kernel, tmp_path):
