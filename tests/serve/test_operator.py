@@ -101,8 +101,16 @@ def test_every_flag_has_one_line_of_help_and_its_default():
     text = "".join(sections[t] for t in TRITON_GROUPS)
     parser = cli.build_parser()
     flags = {f"--{f}" for f in cli.NO_EFFECT_FLAGS | cli.NOT_YET_FLAGS}
-    entries = re.findall(r"^  (--[a-z0-9-]+)[^\n]*\n?((?:\s{10,}[^\n]*\n)*)", text, re.M)
-    described = {flag for flag, _ in entries}
+    lines = text.splitlines()
+    described = set()
+    for i, line in enumerate(lines):
+        match = re.match(r"  (--[a-z0-9-]+)", line)
+        if not match:
+            continue
+        described.add(match.group(1))
+        same_line = re.match(r"  \S.*?\S {2,}(\S.*)", line)
+        next_line = lines[i + 1] if i + 1 < len(lines) else ""
+        assert same_line or re.match(r" {20,}\S", next_line), f"{match.group(1)} has no help"
     assert flags <= described
     for flag in ["--http-port", "--log-verbose", "--exit-timeout-secs", "--strict-readiness", "--log-format"]:
         assert flag in described
