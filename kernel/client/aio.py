@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from kernel.client import failures
 from kernel.client import request as req
 from kernel.client.base import BaseModelClient, Deadline
+from kernel.client.exceptions import PyTritonClientTimeoutError
 from kernel.client.failures import TRANSPORT_ERRORS, infer_failure
 from kernel.model_config.triton_model_config import TritonModelConfig
 
@@ -185,7 +186,8 @@ class AsyncioModelClient(BaseModelClient):
 class AsyncioDecoupledModelClient(AsyncioModelClient):
     """asyncio client for decoupled models: each call is an async iterator of responses (gRPC only).
 
-    inference_timeout_s bounds the wait for each response, not the whole stream.
+    inference_timeout_s bounds the wait for each response, not the whole stream (as PyTriton 0.7's
+    asyncio client does; its blocking DecoupledModelClient sets no limit at all).
     """
 
     _needs_grpc = True
@@ -223,6 +225,11 @@ class AsyncioDecoupledModelClient(AsyncioModelClient):
                     result, error = await asyncio.wait_for(responses.__anext__(), self._inference_timeout_s)
                 except StopAsyncIteration:
                     return  # the server closed the stream: every response has arrived
+                except asyncio.TimeoutError:
+                    raise PyTritonClientTimeoutError(  # PyTriton 0.7's words for this wait
+                        f"Timeout while waiting for model {self._model_name} to return next response "
+                        f"{self._inference_timeout_s}s"
+                    ) from None
                 except TRANSPORT_ERRORS as exc:
                     raise infer_failure(exc, self._model_name, self._inference_timeout_s) from exc
                 if error is not None:

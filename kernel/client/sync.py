@@ -214,7 +214,10 @@ class ModelClient(BaseModelClient):
 
 
 class DecoupledModelClient(ModelClient):
-    """Synchronous client for decoupled models: each call returns an iterator of responses (gRPC only)."""
+    """Synchronous client for decoupled models: each call returns an iterator of responses (gRPC only).
+
+    inference_timeout_s does not limit the wait for responses: PyTriton 0.7's DecoupledModelClient
+    returns every response however long the model takes between them, and programs rely on that."""
 
     _needs_grpc = True
 
@@ -307,13 +310,13 @@ class _ResponseStream:
     def __next__(self) -> Dict[str, np.ndarray]:
         owner = self._owner
         while self._open:
-            try:
-                result, error = self._responses.get(timeout=owner._inference_timeout_s)
-            except queue.Empty:
-                self.close()
-                raise PyTritonClientTimeoutError(
-                    f"Model {owner._model_name} sent no response within {owner._inference_timeout_s} s"
-                ) from None
+            # No time limit here, as in PyTriton 0.7: its DecoupledModelClient waits for each response
+            # until the stream ends or fails, whatever inference_timeout_s says (a model may think for
+            # long between responses). A stream the server or the network breaks reports an error;
+            # close() from another thread wakes this wait.
+            result, error = self._responses.get()
+            if result is None and error is None:
+                break  # closed
             if error is not None:
                 self.close()
                 raise infer_failure(error, owner._model_name, owner._inference_timeout_s) from error
@@ -327,6 +330,7 @@ class _ResponseStream:
     def _finish(self, cancel: bool) -> None:
         if self._open:
             self._open = False
+            self._responses.put((None, None))  # wakes a reader blocked in __next__
             self._owner._end_stream(cancel)
 
     def close(self) -> None:

@@ -52,15 +52,17 @@ def test_decoupled_error_response(grpc_url):
         assert [int(r["OUT"][0]) for r in client.infer_sample(np.array([4, 5], np.int32))] == [4, 5]
 
 
-def test_decoupled_timeout_cancels_the_request(server, grpc_url):
+def test_decoupled_close_cancels_the_request(server, grpc_url):
+    """Closing the response iterator early cancels the responses still to come."""
     cancelled = "cancelled after 1 responses"
     seen_before = server.log().count(cancelled)
-    with DecoupledModelClient(grpc_url, "repeat_int32", inference_timeout_s=0.5) as client:
+    with DecoupledModelClient(grpc_url, "repeat_int32") as client:
         responses = client.infer_sample(
             IN=np.array([1, 2], np.int32), DELAY=np.array([0, 2500], np.uint32)
         )
         assert values([next(responses)]) == [(1, 0)]
-        with pytest.raises(PyTritonClientTimeoutError):
+        responses.close()
+        with pytest.raises(StopIteration):
             next(responses)
         assert server.wait_for_log(cancelled, times=seen_before + 1)
         assert values(client.infer_sample(IN=np.array([3], np.int32))) == [(3, 0)]
