@@ -98,8 +98,8 @@ def _mtime_size(path: Path) -> tuple[int, int]:
 def write_override_folder(model_name: str, config, files: dict[str, bytes]) -> Path:
     """A new model folder `<fresh temporary folder>/<model_name>` with `files` and config.pbtxt.
 
-    `files` maps "file:<relative path>" to contents. A path that is absolute,
-    or that leaves the model folder once normalized, is refused (KernelError
+    `files` maps "file:<relative path>" to contents (leading slashes are
+    dropped, as tritonserver does). A path that leaves the model folder once normalized, is refused (KernelError
     INVALID_ARG) and nothing is left behind. `model_name` must already be
     validated (no path separators). The caller deletes the temporary folder
     (the returned folder's parent) when the model no longer uses it.
@@ -131,11 +131,11 @@ def _invalid(message: str) -> KernelError:
 
 
 def _write_file(base: str, key: str, content: bytes) -> None:
-    relative = key[len(FILE_PREFIX):]
+    # tritonserver reads "file:/1/model.py" (any number of leading slashes) as relative to the
+    # model folder, and clients written against it send such keys: strip them the same way.
+    relative = key[len(FILE_PREFIX):].lstrip("/")
     if not relative or "\0" in relative:
         raise _invalid(f"Invalid file parameter '{printable(key)}': expected 'file:<path relative to the model directory>'")
-    if os.path.isabs(relative):
-        raise _invalid(f"Invalid file parameter '{printable(key)}': the path must be relative to the model directory")
     target = os.path.normpath(os.path.join(base, relative))
     if target == base or os.path.commonpath([target, base]) != base:
         raise _invalid(
