@@ -85,6 +85,7 @@ class Triton:
         self._backend = None  # kernel.backends.callable.CallableBackend of the running server
         self._stopped = True
         self._connected = False
+        self._fatal: Optional[BaseException] = None  # what a callable raised as PyTritonUnrecoverableError
         self._log_verbose = self._config.log_verbose or 0
         atexit.register(self.stop)
 
@@ -238,7 +239,7 @@ class Triton:
     def is_alive(self) -> bool:
         """The server runs and every instance of every bound model can take requests."""
         runtime = self._runtime
-        if runtime is None or not runtime.is_alive():
+        if runtime is None or not runtime.is_alive() or self._fatal is not None:
             return False
         backend = self._backend
         for model in list(self._models.values()):
@@ -299,6 +300,7 @@ class Triton:
         self._backend = backend_holder[0]
         with self._cv:
             self._stopped = False
+            self._fatal = None
 
     @staticmethod
     def _startup_failure(runtime, exc: Exception) -> Tuple[str, bool]:
@@ -314,6 +316,9 @@ class Triton:
     def _on_unrecoverable(self, exc: BaseException) -> None:
         """A callable raised PyTritonUnrecoverableError: stop serving (from another thread, as PyTriton)."""
         LOGGER.error("Unrecoverable error in an inference callable; stopping the server: %s", exc)
+        # Not alive from now on (before the error reaches the client), as PyTriton's model turns dead
+        # before it answers; serve() wakes when stop() notifies.
+        self._fatal = exc
         threading.Thread(target=self.stop, name="kernel-triton-stop", daemon=True).start()
 
     def _log_model(self, model: BoundCallables) -> None:

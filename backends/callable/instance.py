@@ -145,7 +145,7 @@ class CallableInstance(BackendInstance):
     def report_failure(self, exc: BaseException, message: str) -> None:
         """From the callable's thread or loop: log the failure; stop the server if it cannot go on."""
         log.warning("%s", message)
-        if self._on_unrecoverable is not None and type(exc).__name__ == "PyTritonUnrecoverableError":
+        if self._on_unrecoverable is not None and _is_unrecoverable(exc):
             self._inbox.post(self._on_unrecoverable, exc)
 
     # ---- running the callable ----------------------------------------------------------------
@@ -223,3 +223,9 @@ def _respond(request: InferRequest, response: InferResponse) -> None:
         callback(response)
     except Exception:  # noqa: BLE001 - a transport callback must not break the others
         log.exception("response callback failed for model '%s'", response.model_name)
+
+
+def _is_unrecoverable(exc: BaseException) -> bool:
+    """PyTritonUnrecoverableError or a subclass (PyTriton tests with isinstance). By name, because
+    backends sit below the PyTriton face (kernel.exceptions) and may not import it."""
+    return any(cls.__name__ == "PyTritonUnrecoverableError" for cls in type(exc).__mro__)
