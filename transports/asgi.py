@@ -10,7 +10,11 @@ import asyncio
 import contextlib
 import socket
 
+from typing import Optional
+
 import msgspec
+
+from kernel.transports.http_limits import Http1Limits, protocol_with
 
 
 async def lifespan(receive, send) -> None:
@@ -34,19 +38,22 @@ async def send_response(send, status: int, headers, body: bytes) -> None:
 class UvicornListener:
     """One uvicorn server (httptools) for `app`, running in the current event loop."""
 
-    def __init__(self, app, host: str, port: int, what: str):
+    def __init__(self, app, host: str, port: int, what: str, limits: Optional[Http1Limits] = None):
         self.app = app
         self.host = host
         self.port = port
         self.what = what  # for the bind error: "HTTP", "metrics", ...
+        # Header size and header/body timeouts for every connection (kernel.transports.http_limits).
+        self.limits = limits or Http1Limits()
         self._server = None
         self._task: asyncio.Task | None = None
+        self._closing: asyncio.Task | None = None
 
     async def start(self) -> None:
         import uvicorn
 
         config = uvicorn.Config(
-            self.app, host=self.host, port=self.port, http="httptools", loop="none",
+            self.app, host=self.host, port=self.port, http=protocol_with(self.limits), loop="none",
             lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=None,
         )
 
@@ -80,13 +87,35 @@ class UvicornListener:
             raise OSError(f"could not listen on {self.host}:{self.port} for {self.what}")
         self._task = asyncio.ensure_future(self._server.main_loop())
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: Optional[float] = None) -> None:
+        """Stop listening now; with `grace_s`, return at once and give open connections that long.
+
+        Why not wait: uvicorn waits for every open connection to close, and a client holding a
+        half-sent body (or a request the model never answers) kept a stopping server up far past
+        --exit-timeout-secs. With `grace_s` the server's own drain (bounded by the exit timeout)
+        runs meanwhile, and whatever connection is still open when the grace ends is cut.
+        """
         if self._server is None:
             return
-        self._server.should_exit = True
+        server, self._server = self._server, None
+        server.should_exit = True
         if self._task is not None:
             await self._task
-        await self._server.shutdown()
+        if grace_s is None:
+            await server.shutdown()
+            return
+        server.config.timeout_graceful_shutdown = grace_s
+        self._closing = asyncio.ensure_future(self._shutdown_within(server))
+        await asyncio.sleep(0)  # shutdown() closes the listening socket before its first wait
+
+    @staticmethod
+    async def _shutdown_within(server) -> None:
+        try:
+            await server.shutdown()
+        finally:
+            for connection in list(server.server_state.connections):
+                if connection.transport is not None:
+                    connection.transport.abort()
 
 
 JSON_HEADERS = [(b"content-type", b"application/json")]

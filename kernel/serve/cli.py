@@ -37,6 +37,7 @@ log = logging.getLogger("kernel.core.server")
 # Plug-ins by name: the core stays free of transport and backend imports.
 BACKENDS = {"python": "kernel.backends.python:PythonBackend"}
 HTTP_TRANSPORT = "kernel.transports.http:HttpTransport"
+HTTP_LIMITS = "kernel.transports.http_limits:Http1Limits"
 GRPC_TRANSPORT = "kernel.transports.grpc:GrpcTransport"
 GRPC_OPTIONS = "kernel.transports.grpc:GrpcOptions"
 METRICS_TRANSPORT = "kernel.transports.metrics:MetricsTransport"
@@ -165,10 +166,38 @@ def choice(flag: str, choices: tuple[str, ...], fold_case: bool = False):
 
 
 def _port_range(value: str) -> tuple[int, int]:
+    """<integer>-<integer> (--sagemaker-safe-port-range), each side an <integer>."""
     low, sep, high = value.partition("-")
     if not sep:
-        raise argparse.ArgumentTypeError(f"expected <integer>-<integer>, got '{value}'")
+        raise argparse.ArgumentTypeError(
+            "Cannot parse pair option due to incorrect number of inputs.--<pair option> argument requires format "
+            f"<first>-<second>. Found: {value}"
+        )
     return parse_int(low), parse_int(high)
+
+
+def parse_backend_setting(value: str) -> str:
+    """--backend-config <backend name>,<setting>=<value>, or a global <setting>=<value>: a name, a
+    setting and a value are all needed, as tritonserver refuses ',k=v', 'python,k' and 'k='."""
+    comma = value.find(",")
+    if comma == 0:
+        raise argparse.ArgumentTypeError(
+            "No backend specified. --backend-config option format is <backend name>,<setting>=<value> or "
+            f"<setting>=<value>. Got {value}"
+        )
+    key, sep, setting = value[comma + 1:].partition("=")
+    if not key or not sep or not setting:
+        raise argparse.ArgumentTypeError(
+            f"--backend-config option format is '<backend name>,<setting>=<value>'. Got {value}")
+    return value
+
+
+def parse_metrics_setting(value: str) -> str:
+    """--metrics-config <setting>=<value>: tritonserver 2.51 takes no group before the setting."""
+    key, sep, setting = value.partition("=")
+    if not key or not sep or not setting or "," in key:
+        raise argparse.ArgumentTypeError(f"--metrics-config option format is <setting>=<value>. Got {value}")
+    return value
 
 
 # The value kind of each tritonserver flag that Kernel accepts without effect or refuses as not
@@ -291,15 +320,12 @@ class _NoEffect(argparse.Action):
 
 
 def _parse_backend_config(values: list[str]) -> dict[str, dict[str, str]]:
-    """--backend-config python,shm-default-byte-size=1048576 (or a global key=value)."""
+    """--backend-config python,shm-default-byte-size=1048576 (or a global key=value), each value
+    already checked by parse_backend_setting."""
     out: dict[str, dict[str, str]] = {}
     for item in values:
-        backend, _, setting = item.partition(",")
-        if not setting:
-            backend, setting = "", backend
-        key, sep, value = setting.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: --backend-config '{item}': expected <backend>,<setting>=<value>")
+        backend, _, setting = item.partition(",") if "," in item.split("=", 1)[0] else ("", "", item)
+        key, _, value = setting.partition("=")
         out.setdefault(backend, {})[key] = value
     return out
 
@@ -369,6 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
       help="Kernel only: the largest accepted HTTP request body in bytes")
     a("--http-server", type=choice("--http-server", ("uvicorn", "hypercorn")), default="uvicorn",
       metavar="{uvicorn,hypercorn}", help="Kernel only: the HTTP server library")
+    a("--http-max-header-size", type=parse_int, default=64 * 1024,
+      help="Kernel only: the most bytes a request line and headers may take (431 past it)")
+    a("--http-header-timeout-secs", type=parse_float, default=30.0,
+      help="Kernel only: seconds a client has to send a request's headers (408 past it)")
+    a("--http-body-timeout-secs", type=parse_float, default=60.0,
+      help="Kernel only: seconds a request body may pause before the connection is closed")
 
     a = _adder(g["GRPC"])
     a("--allow-grpc", type=parse_bool, default=not vertex_prediction,
@@ -421,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--metrics-port", type=parse_int, default=8002, help="port the metrics endpoint listens on")
     a("--metrics-interval-ms", type=parse_float, default=2000.0,
       help="milliseconds between samples of the per-interval metrics (CPU)")
-    a("--metrics-config", action="append", default=[], metavar="[<group>,]<setting>=<value>",
+    a("--metrics-config", action="append", default=[], type=parse_metrics_setting, metavar="<setting>=<value>",
       help="counter_latencies, summary_latencies, summary_quantiles, histogram_latencies (repeatable)")
 
     a = _adder(g["Tracing"])
@@ -431,7 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = _adder(g["Backend"])
     a("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
       help="where Python-based backends (<name>/model.py) are found")
-    a("--backend-config", action="append", default=[], metavar="[<backend>,]<setting>=<value>",
+    a("--backend-config", action="append", default=[], type=parse_backend_setting,
+      metavar="[<backend>,]<setting>=<value>",
       help="a backend setting, e.g. python,shm-default-byte-size=1048576 (repeatable)")
 
     a = _adder(g["Response Cache"])
@@ -517,15 +550,11 @@ def _check_local(path: str) -> None:
 
 
 def _parse_metrics_config(values: list[str]) -> dict[str, str]:
-    """--metrics-config summary_latencies=true (global group) or <group>,<setting>=<value>."""
+    """--metrics-config summary_latencies=true, each value already checked by parse_metrics_setting."""
     out: dict[str, str] = {}
     for item in values:
-        group, _, setting = item.partition(",") if "=" not in item.split(",", 1)[0] else ("", "", item)
-        key, sep, value = setting.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: --metrics-config '{item}': expected [<group>,]<setting>=<value>")
-        if not group:
-            out[key.strip()] = value.strip()
+        key, _, value = item.partition("=")
+        out[key.strip()] = value.strip()
     return out
 
 
@@ -652,6 +681,14 @@ def build_server(args) -> Server:
             _load(VERTEX_AI_TRANSPORT)(server, "0.0.0.0", args.vertex_ai_port, args.http_max_input_size,
                                        args.vertex_ai_default_model, restricted=http_restricted or None)
         )
+    limits_class = _load(HTTP_LIMITS)
+    try:
+        http_limits = limits_class(args.http_max_header_size, args.http_header_timeout_secs, args.http_body_timeout_secs)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    for t in server.transports:
+        if isinstance(getattr(t, "limits", None), limits_class):  # every HTTP/1.1 listener: KServe, SageMaker, Vertex AI
+            t.limits = http_limits
     return server
 
 

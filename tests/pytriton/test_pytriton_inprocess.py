@@ -384,10 +384,10 @@ def test_bad_option_values_are_validation_errors():
         with Triton(config=config(sagemaker_safe_port_range="x"), workspace=workspace()):
             pass
     assert "--sagemaker-safe-port-range" in str(err.value)
-    with pytest.raises(PyTritonRuntimeError) as err:
+    with pytest.raises(PyTritonValidationError) as err:  # refused as the arguments are read, as tritonserver does
         with Triton(config=config(metrics_config=["bad"]), workspace=workspace()):
             pass
-    assert "--metrics-config 'bad'" in str(err.value)
+    assert "--metrics-config option format is <setting>=<value>. Got bad" in str(err.value)
 
 
 # ---- security config -----------------------------------------------------------------------------------------

@@ -180,3 +180,43 @@ def test_refusals_in_tritonservers_words(capsys, argv, message):
 def test_a_boolean_flag_does_not_swallow_the_next_flag(capsys):
     # tritonserver takes the next word as the value and refuses it; Kernel refuses as well.
     assert "--strict-readiness" in refusal(capsys, "--strict-readiness", "--model-repository=/x")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [  # tritonserver 2.51's refusals of structured values, word for word
+        (["--backend-config=bogus"], "--backend-config option format is '<backend name>,<setting>=<value>'. Got bogus"),
+        (["--backend-config=python,k"], "--backend-config option format is '<backend name>,<setting>=<value>'. "
+                                        "Got python,k"),
+        (["--backend-config=python,k="], "--backend-config option format is '<backend name>,<setting>=<value>'. "
+                                         "Got python,k="),
+        (["--backend-config=k=a,b"], "--backend-config option format is '<backend name>,<setting>=<value>'. Got k=a,b"),
+        (["--backend-config=,k=v"], "No backend specified. --backend-config option format is "
+                                    "<backend name>,<setting>=<value> or <setting>=<value>. Got ,k=v"),
+        (["--metrics-config=bogus"], "--metrics-config option format is <setting>=<value>. Got bogus"),
+        (["--metrics-config=g,k=v"], "--metrics-config option format is <setting>=<value>. Got g,k=v"),
+        (["--metrics-config=k="], "--metrics-config option format is <setting>=<value>. Got k="),
+        (["--sagemaker-safe-port-range=abc"], "Cannot parse pair option due to incorrect number of inputs.--<pair "
+                                              "option> argument requires format <first>-<second>. Found: abc"),
+        (["--sagemaker-safe-port-range=10-x"], "Invalid option value. Got x"),
+        (["--sagemaker-safe-port-range=10-"], "Invalid option value. Got "),
+    ],
+)
+def test_structured_values_refused_in_tritonservers_words(capsys, argv, message):
+    flag = argv[0].split("=")[0]
+    assert refusal(capsys, *argv) == f'Bad option: "{flag}".\n{message}'
+
+
+@pytest.mark.parametrize(
+    "argv, attribute, expected",
+    [  # and what it takes
+        (["--backend-config=python,k=v=w"], "backend_config", ["python,k=v=w"]),
+        (["--backend-config=python,k=a,b"], "backend_config", ["python,k=a,b"]),
+        (["--backend-config=k=v"], "backend_config", ["k=v"]),
+        (["--metrics-config=summary_quantiles=0.5:0.05,0.9:0.01"], "metrics_config",
+         ["summary_quantiles=0.5:0.05,0.9:0.01"]),
+        (["--sagemaker-safe-port-range=10-20-30"], "sagemaker_safe_port_range", (10, 20)),
+    ],
+)
+def test_structured_values_taken(argv, attribute, expected):
+    assert getattr(parse(*argv), attribute) == expected

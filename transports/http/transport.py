@@ -14,6 +14,7 @@ from kernel.transports.restrictions import Restrictions
 from kernel.core.server import Server, StartupError
 from kernel.core.transport import Transport
 from kernel.transports.asgi import UvicornListener
+from kernel.transports.http_limits import Http1Limits
 from kernel.transports.http.app import HttpApp
 
 log = logging.getLogger("kernel.http")
@@ -31,6 +32,10 @@ class HttpTransport(Transport):
         if http_server not in HTTP_SERVERS:
             raise ValueError(f"unknown HTTP server '{http_server}' (choose from {', '.join(HTTP_SERVERS)})")
         self.app = HttpApp(server, max_input_size, restricted)
+        self.server = server
+        # Header size and header/body read timeouts per connection (--http-max-header-size,
+        # --http-header-timeout-secs, --http-body-timeout-secs; kernel.transports.http_limits).
+        self.limits = Http1Limits()
         self.address = address
         self.port = port
         self.http_server = http_server
@@ -46,7 +51,7 @@ class HttpTransport(Transport):
         return f"{self.address}:{self.port}"
 
     async def _start_uvicorn(self) -> None:
-        self._uvicorn = UvicornListener(self.app, self.address, self.port, "HTTP")
+        self._uvicorn = UvicornListener(self.app, self.address, self.port, "HTTP", self.limits)
         await self._uvicorn.start()
 
     async def _start_hypercorn(self) -> None:
@@ -71,7 +76,8 @@ class HttpTransport(Transport):
 
     async def stop(self) -> None:
         if self._uvicorn is not None:
-            await self._uvicorn.stop()
+            # Open connections get the exit timeout, alongside the server's own drain (asgi.UvicornListener.stop).
+            await self._uvicorn.stop(grace_s=float(self.server.options.exit_timeout_secs))
         elif self._hypercorn_stop is not None:
             self._hypercorn_stop.set()
             if self._task is not None:
