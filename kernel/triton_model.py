@@ -167,12 +167,37 @@ def _spec(tensor: Any, default_name: str, kind: str) -> TensorSpec:
 
 
 def _warmup_array(spec, batch_size: int) -> np.ndarray:
+    """One warmup input as PyTriton 0.7 makes it: (batch_size, *shape) of zeros, of random values
+    (integers over the dtype's range, floats in [0, 1), random booleans, random alphanumeric
+    strings of 8-32 characters), or a .npy file's array given the batch dimension when it lacks one."""
     shape = (batch_size, *spec.shape)
-    if spec.input_data_file:
-        return np.load(spec.input_data_file)
     dtype = np.dtype(spec.dtype)
+    if spec.input_data_file:
+        data = np.load(spec.input_data_file, allow_pickle=dtype.kind == "O")
+        item = tuple(spec.shape)
+        if data.shape != shape:
+            if data.shape == item:
+                data = np.broadcast_to(data, shape)
+            elif data.shape[1:] == item and data.shape[0] > 0:
+                data = np.resize(data, shape)  # repeats or truncates along the batch dimension
+            else:
+                raise PyTritonBadParameterError(
+                    f"Warmup input data file {spec.input_data_file} holds shape {data.shape}, "
+                    f"which does not fit {shape}")
+        return np.array(data, dtype=dtype)
+    if not spec.random_data:
+        return np.full(shape, b"", dtype=np.object_) if dtype.kind in "OSU" else np.zeros(shape, dtype=dtype)
+    rng = _WARMUP_RNG
     if dtype.kind in "OSU":
-        return np.full(shape, b"" if spec.zero_data else b"x", dtype=np.object_)
-    if spec.random_data:
-        return np.random.random_sample(shape).astype(dtype)
-    return np.zeros(shape, dtype=dtype)
+        letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", dtype=np.uint8)
+        values = [rng.choice(letters, rng.integers(8, 33)).tobytes() for _ in range(int(np.prod(shape)))]
+        return np.array(values, dtype=np.object_).reshape(shape)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.random(shape).astype(dtype)
+
+
+_WARMUP_RNG = np.random.default_rng()

@@ -76,6 +76,7 @@ class WorkerInstance(BackendInstance):
         self._input_regions: dict[int, list[tuple[int, int]]] = {}
         self._bls_calls: dict[int, InferRequest] = {}
         self._keys = itertools.count(1)
+        self._started: Optional[asyncio.Future] = None
         self._ready: Optional[asyncio.Future] = None
         self._exited: Optional[asyncio.Future] = None
         self._has_is_ready = False
@@ -116,6 +117,7 @@ class WorkerInstance(BackendInstance):
         worker.close()
         fd_worker.close()
         self._fd_sock = fd_front
+        self._started = loop.create_future()
         self._ready = loop.create_future()
         self._exited = loop.create_future()
         _, self.channel = await loop.create_unix_connection(
@@ -123,9 +125,14 @@ class WorkerInstance(BackendInstance):
         )
         asyncio.ensure_future(self._watch_process(self.process))
         self.channel.send(messages.Initialize(self._initialize_args(), self.settings.log))
-        try:
-            error = await asyncio.wait_for(asyncio.shield(self._ready), self.settings.stub_timeout_seconds)
-        except asyncio.TimeoutError:
+        # stub-timeout-seconds bounds the worker's start (Started, or an early Ready/exit), as
+        # Triton bounds its stub's; the model's initialize() then takes as long as it takes.
+        started, ready = self._started, self._ready
+        await asyncio.wait((started, ready), timeout=self.settings.stub_timeout_seconds,
+                           return_when=asyncio.FIRST_COMPLETED)
+        if ready.done() or started.done():
+            error = await asyncio.shield(ready)
+        else:
             self._kill()
             raise KernelError(
                 ErrorCode.INTERNAL,
@@ -352,6 +359,9 @@ class WorkerInstance(BackendInstance):
             fut = self._ready_checks.pop(msg.key, None)
             if fut is not None and not fut.done():
                 fut.set_result((msg.ready, msg.reason))
+        elif type(msg) is messages.Started:
+            if self._started is not None and not self._started.done():
+                self._started.set_result(None)
         elif type(msg) is messages.Ready:
             self._has_is_ready = msg.has_is_ready
             self._async_execute = msg.async_execute

@@ -103,6 +103,14 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
 # worker -> front
 
 
+class Started(msgspec.Struct, tag="started", array_like=True):
+    """The worker runs and has the Initialize message; the model's import and initialize() come next.
+
+    stub-timeout-seconds bounds the wait for this, not for Ready: a model may take minutes to
+    initialize, and Triton waits for it.
+    """
+
+
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     error: Optional[str] = None
     has_is_ready: bool = False  # the model defines is_ready()
@@ -229,5 +237,5 @@ ToWorker = Union[
     ModelControlResult,
 ]
 ToFront = Union[
-    Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult, MetricOps, ModelControl,
+    Started, Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult, MetricOps, ModelControl,
 ]

@@ -162,6 +162,7 @@ class Worker:
     # ---- lifecycle -------------------------------------------------------
 
     async def initialize(self, msg: messages.Initialize) -> None:
+        self.channel.send(messages.Started())  # the front's stub-timeout-seconds ends here
         args = msg.args
         # The model's version folder, also when model.py is a Python-based backend's.
         pb_utils._set_model_dir(str(Path(args["model_repository"]) / args["model_version"]))

@@ -22,11 +22,16 @@ from kernel.core.model import Model, ModelState
 from kernel.core.scheduling import make_scheduler
 from kernel.core.scheduling.ensemble import wait_for_steps
 from kernel.loading import repository
+from kernel.loading.progress import load_progress
+from kernel.loading.warmup import has_warmup, run_warmup
 
 if TYPE_CHECKING:
     from kernel.core.server import Server
 
 log = logging.getLogger("kernel.core.server")
+
+# How long a version whose warmup failed may take to finalize its instances before they are killed.
+WARMUP_FAILED_STOP_S = 5.0
 
 
 class ModelLoader:
@@ -150,17 +155,24 @@ class ModelLoader:
         cfg = model.config
         backend = self.server.backends.get(cfg.backend)
         started = time.monotonic()
-        if model.is_ensemble:
-            await wait_for_steps(self.server, model)
-        else:
-            model_file = backend.model_file(md.versions[model.version], cfg)
-            if model_file is not None and not model_file.is_file():
-                raise KernelError(ErrorCode.INVALID_ARG, f"unable to find '{model_file}' for model '{md.name}'")
-            model.instances = await backend.load(model.source)
+        async with load_progress(model.name, model.version):  # "still loading ..." for long loads
+            if model.is_ensemble:
+                await wait_for_steps(self.server, model)
+            else:
+                model_file = backend.model_file(md.versions[model.version], cfg)
+                if model_file is not None and not model_file.is_file():
+                    raise KernelError(ErrorCode.INVALID_ARG, f"unable to find '{model_file}' for model '{md.name}'")
+                model.instances = await backend.load(model.source)
+            model.stats.observer = self.server.metrics_config.observer_for(model)
+            for inst in model.instances:
+                inst.stats = model.stats
+            if has_warmup(model):  # before READY; counted in the statistics, as in Triton
+                try:
+                    await run_warmup(model)
+                except BaseException:
+                    await self.server.stop_versions([model], WARMUP_FAILED_STOP_S)
+                    raise
         model.stats.load_duration_s = time.monotonic() - started
-        model.stats.observer = self.server.metrics_config.observer_for(model)
-        for inst in model.instances:
-            inst.stats = model.stats
         model.scheduler = make_scheduler(self.server, model)
         if cfg.response_cache.enable:  # None when the server runs without --cache-config
             model.response_cache = self.server.response_cache
