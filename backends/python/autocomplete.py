@@ -18,6 +18,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kernel-python-autocomplete")
     parser.add_argument("--model-file", required=True)
     args = parser.parse_args(argv)
+    sys.argv = [""]  # what the model sees in its worker too (see worker.main)
     result_out = os.fdopen(os.dup(1), "w")
     sys.stdout = sys.stderr  # the model's prints must not mix with the result
     config = json.loads(sys.stdin.read() or "{}")

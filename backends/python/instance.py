@@ -152,7 +152,7 @@ class WorkerInstance(BackendInstance):
     def _initialize_args(self) -> dict[str, str]:
         return {
             "model_config": self.source.config_json,
-            "model_instance_kind": self.kind,
+            "model_instance_kind": self.kind.removeprefix("KIND_"),  # Triton's "CPU" / "GPU" / "MODEL"
             "model_instance_name": self.name,
             "model_instance_device_id": str(self.device_id),
             "model_repository": str(self.source.model_dir),

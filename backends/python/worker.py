@@ -85,6 +85,7 @@ class Worker:
         self.metrics = MetricsClient(self)
         pb_utils._metrics_handler = self.metrics
         self.max_batch_size = 0
+        self.bls_allowed = False  # BLS calls are refused in initialize and finalize, as in Triton
         self._executions: list[messages.Execution] = []
         self.inline_execute = False  # run a synchronous execute on the loop (see _execute_inline)
         self._inline_busy = False
@@ -193,6 +194,7 @@ class Worker:
             log.error("%s", message)
             self.channel.send(messages.Ready(message))
             return
+        self.bls_allowed = True
         self.channel.send(messages.Ready(None, has_is_ready=callable(getattr(self.model, "is_ready", None)),
                                          async_execute=self.async_execute))
 
@@ -214,6 +216,7 @@ class Worker:
         self.channel.send(messages.ReadyResult(key, ready, reason))
 
     async def shutdown(self) -> None:
+        self.bls_allowed = False
         error = None
         fin = getattr(self.model, "finalize", None)
         if fin is not None:
@@ -525,6 +528,9 @@ def main(argv=None) -> None:
     parser.add_argument("--shm-default-byte-size", type=int, default=64 << 20)
     parser.add_argument("--shm-growth-byte-size", type=int, default=64 << 20)
     args = parser.parse_args(argv)
+    # The model sees an embedded interpreter's argv, as under Triton's stub: argparse or
+    # unittest.main() in model code must not trip over the worker's own flags.
+    sys.argv = [""]
     # Ctrl-C reaches the whole process group; the front process decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel = socket.socket(fileno=args.channel_fd)
