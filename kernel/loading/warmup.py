@@ -7,9 +7,10 @@ Why it runs here and this way (what tritonserver 2.51 was seen to do with Python
   started and before the loader makes the version READY, so a client never meets a cold model.
 - A sample with `batch_size: N` on a batching model (max_batch_size > 0) is N requests of batch
   size 1 handed to the model in one execution; all N share the sample's data. A model without
-  batching gets requests shaped exactly as the sample's dims.
+  batching gets requests shaped exactly as the sample's dims, and N above its max_batch_size
+  fails the load as in Triton ("batch size N for '<instance>', max allowed is M", once per request).
 - `zero_data` is zeros (empty strings for BYTES); `random_data` is random bytes, drawn once per
-  sample and load (for BYTES, as in Triton, empty strings: random bytes would not be valid
+  sample and instance (for BYTES, as in Triton, empty strings: random bytes would not be valid
   length-prefixed strings); `input_data_file` is the raw content of `<model dir>/warmup/<file>`
   (for BYTES, 4-byte little-endian length-prefixed elements).
 - The first failing response fails the load with Triton's wording, "failed to run warmup sample
@@ -48,9 +49,8 @@ class _Sample:
         self.tensors = tensors
 
     def requests(self, model) -> list[InferRequest]:
-        n = self.batch_size if model.max_batch_size > 0 else 1
         out = []
-        for _ in range(max(1, n)):
+        for _ in range(max(1, self.batch_size)):
             request = InferRequest(
                 model.name, model.version_str,
                 inputs=[InferTensor(name, datatype, shape, raw=data) for name, datatype, shape, data in self.tensors],
@@ -65,15 +65,21 @@ def has_warmup(model) -> bool:
 
 async def run_warmup(model) -> None:
     """Run the model's warmup samples on each of its instances; raise KernelError when one fails."""
-    samples = await asyncio.to_thread(_build_samples, model)
-    await asyncio.gather(*(_warm_instance(model, inst, samples) for inst in model.instances))
+    await asyncio.gather(*(_warm_instance(model, inst) for inst in model.instances))
 
 
-async def _warm_instance(model, instance, samples: list[_Sample]) -> None:
+async def _warm_instance(model, instance) -> None:
+    samples = await asyncio.to_thread(_build_samples, model)  # random data drawn per instance
     for sample in samples:
         for _ in range(max(1, sample.count)):
             requests = sample.requests(model)
+            batch_size = max(1, sample.batch_size)
             try:
+                if batch_size > max(1, model.max_batch_size):
+                    raise KernelError(
+                        ErrorCode.INVALID_ARG,
+                        "".join(f"batch size {batch_size} for '{instance.name}', max allowed is {model.max_batch_size}; "
+                                for _ in range(batch_size))[:-2])
                 for r in requests:
                     model.validate(r)  # a sample that does not fit the model fails like a bad request would
             except KernelError as exc:

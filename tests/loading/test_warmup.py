@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -50,10 +51,12 @@ def test_samples_run_count_times_on_every_instance_before_ready(start_kernel, tm
     # batch_size 2: two batch-1 requests in one execution.
     assert all(r["batch"] == 2 and r["INPUT0"]["shape"] == [1, 3] for r in random)
     assert all(r["batch"] == 1 for r in zeros + files)
-    # random_data is random bytes (not zeros), drawn once per sample: every request shares it;
-    # for strings it is empty strings, as in Triton.
+    # random_data is random bytes (not zeros), drawn once per sample and instance: the six requests
+    # an instance gets share it, the other instance has its own; for strings it is empty strings,
+    # as in Triton.
     zero3 = bytes(12).hex()
-    assert len({r["INPUT0"]["hex"] for r in random}) == 1 and random[0]["INPUT0"]["hex"] != zero3
+    per_instance = Counter(r["INPUT0"]["hex"] for r in random)
+    assert sorted(per_instance.values()) == [6, 6] and zero3 not in per_instance
     assert random[0]["I"]["hex"] != bytes(8).hex() and random[0]["I"]["dtype"] == "int32"
     assert all(r["S"]["values"] == ["", ""] for r in random)
     assert all(r["INPUT0"]["hex"] == zero3 for r in zeros)
@@ -73,6 +76,10 @@ def test_samples_run_count_times_on_every_instance_before_ready(start_kernel, tm
 
 def test_a_failing_warmup_fails_the_load_with_tritons_message(start_kernel, tmp_path):
     repo = repo_with(tmp_path, "warm_fail", "warm_nobatch")
+    # A sample of batch size 2 for a model without batching.
+    shutil.copytree(MODELS / "warm_nobatch", repo / "warm_big")
+    config = repo / "warm_big" / "config.pbtxt"
+    config.write_text(config.read_text().replace("warm_nobatch", "warm_big").replace("batch_size: 1", "batch_size: 2"))
     k = start_kernel([repo], "--exit-on-error=false", "--strict-readiness=false").wait_ready()
     req = urllib.request.Request(f"http://{k.url}/v2/repository/index", data=b"{}", method="POST")
     with urllib.request.urlopen(req) as r:
@@ -84,6 +91,10 @@ def test_a_failing_warmup_fails_the_load_with_tritons_message(start_kernel, tmp_
     # The sample stops at its first failure (count 2 would be 4 runs over the two instances).
     assert len(seen(repo, "warm_fail")) == 2
     assert index["warm_nobatch"]["state"] == "READY"
+    assert index["warm_big"]["reason"] == (
+        "failed to run warmup sample 'plain': batch size 2 for 'warm_big_0_0', max allowed is 0; "
+        "batch size 2 for 'warm_big_0_0', max allowed is 0; ")
+    assert not seen(repo, "warm_big")
     # Its instances were stopped: no worker of warm_fail is left running.
     assert k.wait_for_log("failed to load 'warm_fail'")
 
