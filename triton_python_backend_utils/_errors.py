@@ -47,17 +47,12 @@ class TritonError:
                 "TritonError(): 'message' must be a str, got "
                 + type(message).__name__
             )
-        if isinstance(code, bool) or not isinstance(code, int):
+        if not isinstance(code, _ErrorCode):
+            # Triton's binding takes only the TritonError.<CODE> constants, not plain ints.
             raise TypeError(
-                "TritonError(): 'code' must be a TritonError code, got "
-                + type(code).__name__
+                "TritonError(): 'code' must be one of the TritonError codes (TritonError.INTERNAL, ...), got "
+                + repr(code)
             )
-        try:
-            code = _ErrorCode(code)
-        except ValueError:
-            raise TypeError(
-                "TritonError(): unknown error code " + str(int(code))
-            ) from None
         self._message = message
         self._code = code
 

@@ -133,20 +133,33 @@ class Logger:
 
     @staticmethod
     def log(message, level=LogLevel.INFO):
-        _emit(LogLevel(level), message, 1)
+        if not isinstance(level, LogLevel):
+            # As Triton's binding: the Logger.<LEVEL> constants only, not plain ints.
+            raise TypeError("Logger.log(): 'level' must be one of the Logger levels (Logger.INFO, ...), got "
+                            + repr(level))
+        _emit(level, _message(message, "log"), 1)
 
     @staticmethod
     def log_info(message):
-        _emit(LogLevel.INFO, message, 1)
+        _emit(LogLevel.INFO, _message(message, "log_info"), 1)
 
     @staticmethod
     def log_warn(message):
-        _emit(LogLevel.WARNING, message, 1)
+        _emit(LogLevel.WARNING, _message(message, "log_warn"), 1)
 
     @staticmethod
     def log_error(message):
-        _emit(LogLevel.ERROR, message, 1)
+        _emit(LogLevel.ERROR, _message(message, "log_error"), 1)
 
     @staticmethod
     def log_verbose(message):
-        _emit(LogLevel.VERBOSE, message, 1)
+        _emit(LogLevel.VERBOSE, _message(message, "log_verbose"), 1)
+
+
+def _message(message, method):
+    """A log message as str: Triton's binding takes str (and bytes, decoded), nothing else."""
+    if isinstance(message, str):
+        return message
+    if isinstance(message, bytes):
+        return message.decode("utf-8", "replace")
+    raise TypeError("Logger." + method + "(): 'message' must be a str, got " + type(message).__name__)

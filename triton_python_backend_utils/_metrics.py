@@ -188,10 +188,10 @@ class MetricFamily:
             raise TypeError("MetricFamily(): name, description and kind must not be None")
         if not isinstance(name, str) or not isinstance(description, str):
             raise TypeError("MetricFamily(): name and description must be str")
-        try:
-            kind = MetricKind(kind)
-        except ValueError:
-            raise _exception("Error when creating MetricFamily: Unknown metric kind") from None
+        if not isinstance(kind, MetricKind):
+            # Triton's binding takes the MetricFamily.<KIND> constants only, not plain ints.
+            raise TypeError("MetricFamily(): 'kind' must be MetricFamily.COUNTER, GAUGE or HISTOGRAM, got "
+                            + repr(kind))
         self._name = name
         self._description = description
         self._kind = kind

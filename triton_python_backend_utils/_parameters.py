@@ -12,8 +12,9 @@ def parameters_to_json(parameters):
     if parameters is None:
         return "{}"
     if not isinstance(parameters, dict):
+        # Triton's wording, which names the C++ type of its binding's dict.
         raise TritonModelException(
-            "Expect dict, got " + str(type(parameters))
+            "Expect N8pybind114dictE, got " + str(type(parameters))
         )
     for key, value in parameters.items():
         if not isinstance(key, str):

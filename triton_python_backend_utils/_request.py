@@ -4,6 +4,9 @@ options: PreferredMemory and InferenceTrace."""
 from __future__ import annotations
 
 import enum
+import numbers
+
+import numpy as np
 
 from . import _hooks as hooks
 from ._errors import TritonModelException
@@ -34,10 +37,12 @@ class PreferredMemory:
     __slots__ = ("_memory_type", "_device_id")
 
     def __init__(self, preferred_memory_type, preferred_device_id=0):
-        if isinstance(preferred_memory_type, bool) or not isinstance(
-            preferred_memory_type, int
-        ):
-            raise TypeError("preferred_memory_type must be a memory type constant")
+        if not isinstance(preferred_memory_type, _PreferredMemoryType):
+            # Triton's binding takes the TRITONSERVER_MEMORY_* constants only, not plain ints.
+            raise TypeError(
+                "preferred_memory_type must be TRITONSERVER_MEMORY_GPU or TRITONSERVER_MEMORY_CPU, got "
+                + repr(preferred_memory_type)
+            )
         if isinstance(preferred_device_id, bool) or not isinstance(preferred_device_id, int):
             raise TypeError("preferred_device_id must be an int")
         self._memory_type = _PreferredMemoryType(preferred_memory_type)
@@ -64,12 +69,22 @@ _DEFAULT_PREFERRED_MEMORY = PreferredMemory(_PreferredMemoryType.DEFAULT, 0)
 _DEFAULT_TRACE = InferenceTrace()
 _REQUIRED = object()
 
+def _flag(value):
+    """A bool argument as Triton's binding converts it: bools and numbers, nothing else."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Number):
+        return bool(value)
+    raise TypeError("decoupled must be a bool, got " + type(value).__name__)
+
+
 def _check_uint(value, what):
-    if isinstance(value, bool) or not isinstance(value, int):
+    """An unsigned int argument as Triton's binding converts it (bools are ints there too)."""
+    if not isinstance(value, int):
         raise TypeError(what + " must be an int, got " + type(value).__name__)
     if value < 0:
         raise TypeError(what + " must not be negative")
-    return value
+    return int(value)
 
 
 class InferenceRequest:
@@ -131,10 +146,14 @@ class InferenceRequest:
             raise TypeError("model_name must be a str")
         if isinstance(model_version, bool) or not isinstance(model_version, int):
             raise TypeError("model_version must be an int")
+        if correlation_id is None:
+            raise TypeError("correlation_id must be an int or a str, got None")
         if isinstance(correlation_id, str):
             pass
         elif isinstance(correlation_id, int):
-            _check_uint(correlation_id, "correlation_id")
+            if correlation_id < 0:
+                # Triton's binding fails to convert it to its unsigned id: a RuntimeError there too.
+                raise RuntimeError("correlation_id " + str(correlation_id) + " does not fit an unsigned 64-bit id")
         else:
             raise TritonModelException("Correlation ID must be integer or string")
         _check_uint(flags, "flags")
@@ -272,14 +291,10 @@ class InferenceRequest:
         self._release_flags = _check_uint(flags, "flags")
 
     def exec(self, decoupled=False):
-        if not isinstance(decoupled, bool):
-            raise TypeError("decoupled must be a bool")
-        return hooks.bls_handler().exec(self, decoupled)
+        return hooks.bls_handler().exec(self, _flag(decoupled))
 
     def async_exec(self, decoupled=False):
-        if not isinstance(decoupled, bool):
-            raise TypeError("decoupled must be a bool")
-        return hooks.bls_handler().async_exec(self, decoupled)
+        return hooks.bls_handler().async_exec(self, _flag(decoupled))
 
     def __repr__(self):
         return "InferenceRequest(model_name=%r, request_id=%r, inputs=%s)" % (

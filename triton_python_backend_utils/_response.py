@@ -20,13 +20,11 @@ class InferenceResponse:
 
     __slots__ = ("_output_tensors", "_error", "_parameters")
 
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        if output_tensors is None:
-            tensors = []
-        elif isinstance(output_tensors, (str, bytes)):
-            raise TypeError("output_tensors must be a list of Tensor objects")
-        else:
-            tensors = list(output_tensors)
+    def __init__(self, output_tensors=(), error=None, parameters=None):
+        if output_tensors is None or isinstance(output_tensors, (str, bytes)):
+            raise TypeError("output_tensors must be a list of Tensor objects, got "
+                            + type(output_tensors).__name__)
+        tensors = list(output_tensors)
         for tensor in tensors:
             if tensor is None:
                 raise TritonModelException(
@@ -120,6 +118,8 @@ class InferenceResponseSender:
                 "send(): 'response' must be an InferenceResponse or None, found "
                 + type(response).__name__
             )
+        if isinstance(flags, float) or not isinstance(flags, int) or flags < 0:
+            raise TypeError("send(): 'flags' must be a non-negative int, got " + repr(flags))
         if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
             raise TritonModelException(
                 "Unable to send response. Unsupported flag provided."

@@ -11,10 +11,14 @@ from ._types import DATATYPE_OF_NUMPY, TYPE_CODE_OF_DATATYPE, datatype_of_array
 
 
 def _check_tensor_name(name):
+    """The name as str; bytes are decoded, as Triton's binding converts them."""
+    if isinstance(name, bytes):
+        name = name.decode("utf-8")
     if not isinstance(name, str):
         raise TypeError("Tensor name must be a str, got " + type(name).__name__)
     if name == "":
         raise TritonModelException("Tensor name cannot be an empty string.")
+    return name
 
 
 def _cupy():
@@ -40,9 +44,12 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype", "__weakref__")
 
     def __init__(self, name, numpy_array):
-        _check_tensor_name(name)
+        name = _check_tensor_name(name)
         if not isinstance(numpy_array, np.ndarray):
-            numpy_array = np.asarray(numpy_array)
+            # Triton's binding takes numpy arrays only: a list is a TypeError, not converted.
+            raise TypeError(
+                "Tensor(): 'numpy_array' must be a numpy.ndarray, got " + type(numpy_array).__name__
+            )
         datatype = datatype_of_array(numpy_array)
         if not numpy_array.flags.c_contiguous:
             numpy_array = np.ascontiguousarray(numpy_array)
@@ -110,7 +117,7 @@ class Tensor:
     def from_dlpack(name, tensor):
         """Tensor sharing the memory of a DLPack capsule or DLPack-capable
         object (``__dlpack__`` and ``__dlpack_device__``)."""
-        _check_tensor_name(name)
+        name = _check_tensor_name(name)
         try:
             return _tensor_from_dlpack(name, tensor)
         except _dlpack.DLPackError as exc:
@@ -160,8 +167,9 @@ def _tensor_from_dlpack(name, source):
     else:
         if not (hasattr(source, "__dlpack__") and hasattr(source, "__dlpack_device__")):
             raise TritonModelException(
+                # Triton's message, with the run of spaces it has.
                 "Provided tensor is not supported. Tensor must be a DLPack "
-                "capsule or have `__dlpack__` and `__dlpack_device__` attributes"
+                "capsule         or have `__dlpack__` and `__dlpack_device__` attributes"
             )
         device_type = int(source.__dlpack_device__()[0])
         if device_type == _dlpack.DEVICE_CUDA:

@@ -108,6 +108,7 @@ class BlsClient:
     # ---- pb_utils hook contract ----------------------------------------------
 
     def exec(self, request, decoupled: bool):
+        self._check_phase()
         loop = self.worker.loop
         if self.worker.pumping_here():
             # A synchronous execute running on the loop: send now, pump until answered.
@@ -131,7 +132,16 @@ class BlsClient:
         response, _ = self.worker.take_off_loop(call.sync_queue, send)
         return response
 
-    async def async_exec(self, request, decoupled: bool):
+    def async_exec(self, request, decoupled: bool):
+        self._check_phase()  # at the call, as exec() does, not when awaited
+        return self._async_exec(request, decoupled)
+
+    def _check_phase(self) -> None:
+        # Triton serves BLS only once initialize has returned and until finalize begins.
+        if not self.worker.bls_allowed:
+            raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
+
+    async def _async_exec(self, request, decoupled: bool):
         key, call = self._new_call(decoupled, blocking=False)
         self._send(key, request, decoupled, False)
         result = await call.future

@@ -4,7 +4,10 @@ the worker's own loggers, and exceptions formatted as Triton's stub prints them.
 from __future__ import annotations
 
 import logging
+import os
 import traceback
+
+import kernel
 
 import triton_python_backend_utils as pb_utils
 from kernel.backends.python import messages
@@ -12,10 +15,21 @@ from kernel.observe import log as server_log
 
 log = logging.getLogger("kernel.worker")
 
+# Folders of Kernel's own code (the kernel package, its backends, pb_utils), as filename prefixes.
+_OWN_CODE = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (kernel.__file__, os.path.dirname(os.path.abspath(__file__)), pb_utils.__file__)
+)
+
 
 def format_exception(exc: BaseException) -> str:
-    """The exception, then its frames innermost first (the stub's "At:" layout)."""
-    tb = traceback.extract_tb(exc.__traceback__)
+    """The exception, then its frames innermost first (the stub's "At:" layout).
+
+    Only the model's frames are listed, as in Triton (whose pb_utils is compiled code):
+    Kernel's own frames say nothing to the model's author.
+    """
+    tb = [frame for frame in traceback.extract_tb(exc.__traceback__) if not frame.filename.startswith(_OWN_CODE)]
+    tb = tb or traceback.extract_tb(exc.__traceback__)
     where = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(tb))
     text = f"{type(exc).__name__}: {exc}"
     return f"{text}\n\nAt:\n{where}" if where else text

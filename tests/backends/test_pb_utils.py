@@ -217,12 +217,13 @@ def test_tensor_bytes(array):
         tensor.to_dlpack()
 
 
-def test_tensor_from_list_and_scalar():
-    tensor = pb_utils.Tensor("L", [[1, 2], [3, 4]])
-    assert tensor.shape() == [2, 2]
-    assert tensor.as_numpy().tolist() == [[1, 2], [3, 4]]
-    scalar = pb_utils.Tensor("S", np.float32(2.5))
-    assert scalar.shape() == []
+def test_tensor_takes_numpy_arrays_only():
+    # Triton 2.51's binding: a list or a numpy scalar is a TypeError; a 0-d array is a tensor.
+    with pytest.raises(TypeError):
+        pb_utils.Tensor("L", [[1, 2], [3, 4]])
+    with pytest.raises(TypeError):
+        pb_utils.Tensor("S", np.float32(2.5))
+    assert pb_utils.Tensor("S", np.array(2.5, np.float32)).shape() == []
 
 
 def test_tensor_non_contiguous_is_copied():
@@ -355,7 +356,7 @@ def test_from_dlpack_rejections():
     with pytest.raises(pb_utils.TritonModelException) as info:
         pb_utils.Tensor.from_dlpack("X", [1, 2, 3])
     assert str(info.value) == (
-        "Provided tensor is not supported. Tensor must be a DLPack capsule or "
+        "Provided tensor is not supported. Tensor must be a DLPack capsule         or "
         "have `__dlpack__` and `__dlpack_device__` attributes")
     with pytest.raises(pb_utils.TritonModelException,
                        match="Tensor name cannot be an empty string."):
@@ -420,7 +421,9 @@ def test_triton_error_defaults_and_accessors():
     assert error.code() == pb_utils.TritonError.INTERNAL
     not_found = pb_utils.TritonError("missing", pb_utils.TritonError.NOT_FOUND)
     assert not_found.code() == pb_utils.TritonError.NOT_FOUND
-    assert pb_utils.TritonError("x", code=7).code() == pb_utils.TritonError.CANCELLED
+    assert pb_utils.TritonError("x", code=pb_utils.TritonError.CANCELLED).code() == 7
+    with pytest.raises(TypeError):  # Triton's binding takes the TritonError.<CODE> constants only
+        pb_utils.TritonError("x", code=7)
     assert not isinstance(error, BaseException)
 
 
