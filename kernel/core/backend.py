@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Optional, Protocol
 
+from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest
 
 
@@ -127,8 +128,20 @@ class Backend(abc.ABC):
         return "model.py"
 
     def model_file(self, version_dir: Path, config: Any) -> Optional[Path]:
-        """The file a model version must provide (checked before load); None: nothing to check."""
-        return version_dir / (config.default_model_filename or self.default_model_filename())
+        """The file a model version must provide (checked before load); None: nothing to check.
+
+        A config's default_model_filename is a name inside the version folder: an absolute
+        path or one with '..' would run a file from anywhere on the machine.
+        """
+        name = config.default_model_filename or self.default_model_filename()
+        parts = PurePosixPath(name).parts
+        if not parts or parts[0] == "/" or ".." in parts or "\\" in name:
+            raise KernelError(
+                ErrorCode.INVALID_ARG,
+                f"default_model_filename '{name}' must name a file inside the model's version folder "
+                "(a relative path without '..')",
+            )
+        return version_dir / name
 
     def discover(self, name: str, backend_directory: Path) -> tuple[Optional["Backend"], list[str]]:
         """A backend called `name` found in the backend directory that this backend runs

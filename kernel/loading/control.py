@@ -319,7 +319,7 @@ class ModelControl:
     async def _locate(self, name: str) -> repository.ModelDir:
         roots = await asyncio.to_thread(self._folders_named, name)
         if len(roots) > 1:
-            raise _poll_failed(name, "not unique across all model repositories")
+            raise _poll_failed(name, "not unique across all model repositories", ErrorCode.INTERNAL)
         if not roots:
             raise _poll_failed(name, "model not found in any model repository.")
         try:
@@ -327,7 +327,7 @@ class ModelControl:
                 repository.scan_model_dir, roots[0] / name, self.server.options.model_config_name or None
             )
         except OSError as exc:
-            raise _poll_failed(name, f"cannot read model directory: {exc}") from None
+            raise _poll_failed(name, f"cannot read model directory: {exc}", ErrorCode.INTERNAL) from None
 
     async def _load_locked(self, name, md, fp, override, folder, explicit: bool) -> None:
         try:
@@ -544,10 +544,14 @@ class ModelControl:
         return [Path(root) for root in self.server.options.model_repositories if (Path(root) / name).is_dir()]
 
 
-def _poll_failed(name: str, detail: str) -> KernelError:
-    """Triton's answer when the model's folder cannot be used; the detail says why."""
+def _poll_failed(name: str, detail: str, code: ErrorCode = ErrorCode.INVALID_ARG) -> KernelError:
+    """Triton's answer when the model's folder cannot be used; the detail says why.
+
+    Triton answers all of these 500; most are the client's mistake (an unknown model, a bad
+    override), so they are INVALID_ARG (400) here and only the server's own trouble is INTERNAL.
+    """
     log.error("failed to poll model '%s': %s", name, detail)
-    return KernelError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model repository: {detail}")
+    return KernelError(code, f"failed to load '{name}', failed to poll from model repository: {detail}")
 
 
 def _comparable(config: dict) -> dict:

@@ -12,7 +12,6 @@ Both do blocking file I/O: callers run them in a thread, never on the event loop
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,15 +94,25 @@ def _mtime_size(path: Path) -> tuple[int, int]:
 # ---- override folders --------------------------------------------------------
 
 
+# Bounds on what one load request may create: a request is held to --http-max-input-size in bytes,
+# but 2,000 nested folders in a few kilobytes once made every recursive walk fail (RecursionError)
+# and left the temporary folder behind.
+MAX_OVERRIDE_FILES = 4096
+MAX_OVERRIDE_DEPTH = 32  # folders between the model folder and a file
+
+
 def write_override_folder(model_name: str, config, files: dict[str, bytes]) -> Path:
     """A new model folder `<fresh temporary folder>/<model_name>` with `files` and config.pbtxt.
 
     `files` maps "file:<relative path>" to contents (leading slashes are
-    dropped, as tritonserver does). A path that leaves the model folder once normalized, is refused (KernelError
-    INVALID_ARG) and nothing is left behind. `model_name` must already be
-    validated (no path separators). The caller deletes the temporary folder
-    (the returned folder's parent) when the model no longer uses it.
+    dropped, as tritonserver does). A path that leaves the model folder once normalized, or too many files or
+    folders too deep, is refused (KernelError INVALID_ARG) and nothing is left
+    behind. `model_name` must already be validated (no path separators). The
+    caller deletes the temporary folder (the returned folder's parent) when the
+    model no longer uses it.
     """
+    if len(files) > MAX_OVERRIDE_FILES:
+        raise _invalid(f"a model load request may carry at most {MAX_OVERRIDE_FILES} files, got {len(files)}")
     root = Path(tempfile.mkdtemp(prefix="kernel-model-"))
     try:
         folder = root / model_name
@@ -115,7 +124,7 @@ def write_override_folder(model_name: str, config, files: dict[str, bytes]) -> P
         _write_new(os.path.join(base, CONFIG_FILENAME), text_format.MessageToString(config).encode(), key="config")
         return folder
     except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
         raise
 
 
@@ -123,7 +132,42 @@ def remove_override_folder(folder: Path) -> None:
     """Delete what write_override_folder made for `folder`."""
     root = folder.parent
     if root.name.startswith("kernel-model-"):
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
+
+
+def remove_tree(root) -> None:
+    """Delete a folder and all it holds, however deep, without recursion and never through a link.
+
+    Why not shutil.rmtree: it recurses once per folder level, so a deep enough tree
+    raises RecursionError (which ignore_errors does not cover) and stays on disk.
+    """
+    stack = [(os.fspath(root), False)]
+    while stack:
+        path, emptied = stack.pop()
+        if emptied:
+            _quietly(os.rmdir, path)
+            continue
+        stack.append((path, True))
+        try:
+            entries = list(os.scandir(path))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                stack.append((entry.path, False))
+            else:
+                _quietly(os.unlink, entry.path)
+
+
+def _quietly(operation, path: str) -> None:
+    try:
+        operation(path)
+    except OSError:
+        pass
 
 
 def _invalid(message: str) -> KernelError:
@@ -141,6 +185,12 @@ def _write_file(base: str, key: str, content: bytes) -> None:
         raise _invalid(
             f"Invalid file parameter '{printable(key)}' with normalized path '{printable(target)}' "
             "must stay within model directory."
+        )
+    depth = os.path.relpath(target, base).count(os.sep)
+    if depth > MAX_OVERRIDE_DEPTH:
+        raise _invalid(
+            f"Invalid file parameter '{printable(key)[:200]}': {depth} folders deep, the most a model file "
+            f"may be is {MAX_OVERRIDE_DEPTH}"
         )
     _make_parents(base, os.path.dirname(target), key)
     _write_new(target, content, key)

@@ -116,12 +116,12 @@ def test_load_infer_unload_over_grpc(kernel, gc):
 def test_unknown_model(hc, gc):
     with pytest.raises(InferenceServerException) as err:
         hc.load_model("nope")
-    assert err.value.status() == "500"
+    assert err.value.status() == "400"  # tritonserver: 500; an unknown model is the client's mistake (issue 14)
     assert err.value.message().startswith("failed to load 'nope', failed to poll from model repository")
     assert "not found in any model repository" in err.value.message()
     with pytest.raises(InferenceServerException) as err:
         gc.load_model("nope")
-    assert err.value.status() == "StatusCode.INTERNAL"
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
     hc.unload_model("nope")  # unloading what is not loaded succeeds, as in Triton
     gc.unload_model("nope")
 
@@ -196,7 +196,7 @@ def test_bad_config_overrides_are_refused_and_the_served_model_stays(kernel, hc,
     _, pid, _ = scale_of(hc, httpclient)
     with pytest.raises(InferenceServerException) as err:
         hc.load_model("scaler", config="{not json")
-    assert err.value.status() == "500" and "Invalid config override" in err.value.message()
+    assert err.value.status() == "400" and "Invalid config override" in err.value.message()
     with pytest.raises(InferenceServerException) as err:
         gc.load_model("scaler", config=json.dumps({"no_such_field": 1}))
     assert "Invalid config override" in err.value.message() and "no_such_field" in err.value.message()
