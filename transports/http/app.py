@@ -175,12 +175,7 @@ class HttpApp:
         encoding = None
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
-                try:
-                    header_length = int(value)
-                except ValueError:
-                    raise KernelError(
-                        ErrorCode.INVALID_ARG, "Inference-Header-Content-Length must be an integer"
-                    ) from None
+                header_length = codec.header_length(value)
             elif key == b"content-encoding":
                 encoding = value.decode("latin-1").lower()
         body = await self._read_body(receive)
@@ -257,15 +252,36 @@ class HttpApp:
             )
 
     def _decompress(self, body: bytes, encoding: str) -> bytes:
+        """The body inflated, never past --http-max-input-size.
+
+        A gzip body may hold several members (RFC 1952: they concatenate); anything
+        after the last complete stream, or a stream cut short, is refused rather than ignored.
+        """
         if encoding not in ("gzip", "deflate"):
             raise KernelError(ErrorCode.UNSUPPORTED, f"unsupported Content-Encoding '{encoding}'")
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+        wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+        parts = []
+        size = 0
+        rest = body
         try:
-            out = d.decompress(body, self.max_input_size + 1)
+            while True:
+                d = zlib.decompressobj(wbits)
+                out = d.decompress(rest, self.max_input_size - size + 1)
+                size += len(out)
+                self._check_size(size)
+                parts.append(out)
+                if not d.eof:
+                    raise KernelError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: "
+                                      f"the {encoding} stream is incomplete")
+                rest = d.unused_data
+                if not rest:
+                    break
+                if encoding != "gzip" or rest[:2] != b"\x1f\x8b":
+                    raise KernelError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: "
+                                      f"{len(rest)} bytes follow the {encoding} stream")
         except zlib.error as exc:
             raise KernelError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: {exc}") from None
-        self._check_size(len(out))
-        return out
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _MethodNotAllowed(Exception):
