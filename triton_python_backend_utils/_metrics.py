@@ -28,6 +28,14 @@ from . import _hooks as hooks
 from ._errors import TritonModelException
 
 
+# Triton's reason when a histogram's bucket boundaries are not strictly increasing.
+UNSORTED_BUCKETS = "Bucket Boundaries must be strictly sorted"
+
+
+def strictly_sorted(buckets) -> bool:
+    return all(a < b for a, b in zip(buckets, buckets[1:]))
+
+
 class MetricKind(enum.IntEnum):
     COUNTER = 0
     GAUGE = 1
@@ -63,6 +71,8 @@ class _LocalHandler:
         self._family_names.pop(family_id, None)
 
     def metric_new(self, family_id, kind, labels, buckets):
+        if buckets is not None and not strictly_sorted(buckets):
+            raise _exception("Error when creating Metric: " + UNSORTED_BUCKETS)
         with self._lock:
             key = (self._family_names[family_id], tuple(sorted(labels.items())))
             entry = self._values.setdefault(key, [0.0, 0])
@@ -207,7 +217,11 @@ class MetricFamily:
                 raise _exception("Failed to create metric. Buckets must be a list.")
             if self._kind in (MetricKind.COUNTER, MetricKind.GAUGE):
                 raise _exception("Failed to create metric. Unexpected buckets found.")
-            buckets = [float(b) for b in buckets]
+            try:
+                buckets = [float(b) for b in buckets]
+            except (TypeError, ValueError):
+                # Triton's binding fails to convert the list to its C++ doubles: a RuntimeError there too.
+                raise RuntimeError("Failed to create metric: buckets must be numbers") from None
         elif self._kind == MetricKind.HISTOGRAM:
             raise _exception("Failed to create metric. Missing required buckets.")
         labels = {str(k): v for k, v in (labels or {}).items()}

@@ -73,6 +73,13 @@ class MetricsClient:
         self._send(messages.MetricOp(messages.METRIC_FAMILY_DELETE, family_id))
 
     def metric_new(self, family_id: int, kind: int, labels: dict, buckets) -> int:
+        if buckets is not None and not all(a < b for a, b in zip(buckets, buckets[1:])):
+            import triton_python_backend_utils as pb_utils
+
+            raise pb_utils.TritonModelException(
+                "Error when creating Metric: Failed to process the request for model "
+                f"'{self.worker.instance_name}', message: Bucket Boundaries must be strictly sorted"
+            )
         with self._lock:
             mid = next(self._ids)
         self._mirror[mid] = 0.0
