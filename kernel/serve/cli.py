@@ -28,6 +28,11 @@ from kernel.core.cache import CacheConfigError, create_cache
 from kernel.core.server import Server, ServerOptions, StartupError
 from kernel.core.transport import TransportStartError
 from kernel.serve.compose import compose_server
+from kernel.serve.flags import (
+    FLAG_GROUPS, FLAG_KINDS, HELP_GROUPS, HelpFormatter, KernelArgumentParser, choice, flag_adder,
+    parse_backend_setting, parse_bool, parse_float, parse_int, parse_int64, parse_int_text, parse_metrics_setting,
+    parse_port_range, parse_verbose_level,
+)
 from kernel import __version__
 from kernel.observe.log import LOG_FORMATS, LogSettings
 from kernel.observe.trace_settings import TraceConfigError, config_from_flags
@@ -71,244 +76,6 @@ NOT_YET_FLAGS = {
 }
 
 
-# ---- flag values, read as tritonserver reads them ------------------------------------------
-#
-# One parser per kind of value (tritonserver's --help names the kind: <integer>, <boolean>,
-# <float>, <string>), used by every flag of that kind, so that a start-up script written for
-# tritonserver means the same thing here. Measured against tritonserver 2.51; the error texts are
-# its own, and `kernel serve` prints them under a `Bad option: "--flag".` line as it does.
-
-_SPACE = "[ \t\n\v\f\r]*"
-_STOI = re.compile(_SPACE + r"([+-]?[0-9]+)")
-_STOF = re.compile(
-    _SPACE + r"([+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?[0-9]+)?"
-    r"|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan))",
-    re.IGNORECASE,
-)
-_FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _leading_int(value: str, bits: int) -> int:
-    match = _STOI.match(value)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"Invalid option value. Got {value}")
-    number = int(match.group(1))
-    if not -(2 ** (bits - 1)) <= number < 2 ** (bits - 1):
-        raise argparse.ArgumentTypeError(f"Provided option value is out of bound. Got {value}")
-    return number
-
-
-def parse_int(value: str) -> int:
-    """<integer>: C's stoi, as tritonserver reads it: leading white space and a sign, then the
-    leading digits, the rest ignored ('7abc' is 7, '1.5' is 1, '0x10' is 0); outside 32 bits refused.
-    Boolean words are refused ('Invalid option value. Got true')."""
-    return _leading_int(value, 32)
-
-
-def parse_int64(value: str) -> int:
-    """<integer> for byte sizes, which tritonserver reads as 64-bit (--pinned-memory-pool-byte-size)."""
-    return _leading_int(value, 64)
-
-
-def parse_int_text(value: str) -> str:
-    """<integer> flags whose value a later stage parses again (the deprecated --trace-rate...)."""
-    return str(parse_int(value))
-
-
-def parse_float(value: str) -> float:
-    """<float>: C's stof, as tritonserver reads it: the leading number ('2000abc' is 2000, '1e3',
-    hexadecimal '0x10'); beyond a 32-bit float refused."""
-    match = _STOF.match(value)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"Invalid option value. Got {value}")
-    text = match.group(1)
-    number = float.fromhex(text) if "x" in text.lower() else float(text)
-    if abs(number) > _FLOAT32_MAX and "inf" not in text.lower():
-        raise argparse.ArgumentTypeError(f"Provided option value is out of bound. Got {value}")
-    return number
-
-
-def parse_bool(value: str) -> bool:
-    """<boolean>: exactly true/on/1 or false/off/0, in any case, nothing around them; 'yes', 'no'
-    and ' true' are refused, as tritonserver refuses them."""
-    word = value.lower()
-    if word in ("true", "on", "1"):
-        return True
-    if word in ("false", "off", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"invalid value for bool option: {value}")
-
-
-def parse_verbose_level(value: str) -> int:
-    """--log-verbose, the one <integer> flag that also takes true/false (any case): true is level 1,
-    false 0; anything else is an <integer>, a negative level meaning 0. (on/yes are refused.)"""
-    word = value.lower()
-    if word in ("true", "false"):
-        return int(word == "true")
-    return max(0, parse_int(value))
-
-
-def choice(flag: str, choices: tuple[str, ...], fold_case: bool = False):
-    """<string> flags with a fixed set of values (--model-control-mode is read in any case,
-    --log-format exactly); refused with tritonserver's 'invalid argument for <flag>'."""
-
-    def parse(value: str) -> str:
-        key = value.lower() if fold_case else value
-        for option in choices:
-            if key == (option.lower() if fold_case else option):
-                return option
-        raise argparse.ArgumentTypeError(
-            f"invalid argument for {flag} (invalid choice '{value}'; choose from {', '.join(choices)})"
-        )
-
-    parse.__name__ = flag.lstrip("-").replace("-", "_")  # argparse names a failing type by it
-    return parse
-
-
-def _port_range(value: str) -> tuple[int, int]:
-    """<integer>-<integer> (--sagemaker-safe-port-range), each side an <integer>."""
-    low, sep, high = value.partition("-")
-    if not sep:
-        raise argparse.ArgumentTypeError(
-            "Cannot parse pair option due to incorrect number of inputs.--<pair option> argument requires format "
-            f"<first>-<second>. Found: {value}"
-        )
-    return parse_int(low), parse_int(high)
-
-
-def parse_backend_setting(value: str) -> str:
-    """--backend-config <backend name>,<setting>=<value>, or a global <setting>=<value>: a name, a
-    setting and a value are all needed, as tritonserver refuses ',k=v', 'python,k' and 'k='."""
-    comma = value.find(",")
-    if comma == 0:
-        raise argparse.ArgumentTypeError(
-            "No backend specified. --backend-config option format is <backend name>,<setting>=<value> or "
-            f"<setting>=<value>. Got {value}"
-        )
-    key, sep, setting = value[comma + 1:].partition("=")
-    if not key or not sep or not setting:
-        raise argparse.ArgumentTypeError(
-            f"--backend-config option format is '<backend name>,<setting>=<value>'. Got {value}")
-    return value
-
-
-def parse_metrics_setting(value: str) -> str:
-    """--metrics-config <setting>=<value>: tritonserver 2.51 takes no group before the setting."""
-    key, sep, setting = value.partition("=")
-    if not key or not sep or not setting or "," in key:
-        raise argparse.ArgumentTypeError(f"--metrics-config option format is <setting>=<value>. Got {value}")
-    return value
-
-
-# The value kind of each tritonserver flag that Kernel accepts without effect or refuses as not
-# supported yet: a wrong value is refused as tritonserver refuses it, before anything else.
-FLAG_KINDS = {
-    "http-thread-count": parse_int, "grpc-infer-thread-count": parse_int, "model-load-thread-count": parse_int,
-    "buffer-manager-thread-count": parse_int, "pinned-memory-pool-byte-size": parse_int64,
-    "cuda-memory-pool-byte-size": str, "cuda-virtual-address-size": str,
-    "min-supported-compute-capability": parse_float, "allow-gpu-metrics": parse_bool,
-    "model-load-retry-count": parse_int, "grpc-max-response-pool-size": parse_int,
-    "reuse-http-port": parse_bool, "reuse-grpc-port": parse_bool, "enable-peer-access": parse_bool,
-    "host-policy": str, "model-load-gpu-limit": str, "repoagent-directory": str,
-    "sagemaker-thread-count": parse_int, "vertex-ai-thread-count": parse_int,
-    "model-namespacing": parse_bool, "grpc-http2-min-recv-ping-interval-without-data": parse_int,
-    "grpc-http2-max-ping-strikes": parse_int, "grpc-max-connection-age": parse_int,
-    "grpc-max-connection-age-grace": parse_int, "grpc-infer-response-compression-level": str,
-    "cache-config": str, "cache-directory": str, "response-cache-byte-size": parse_int64,
-    "rate-limit": str, "rate-limit-resource": str, "allow-client-shm": parse_bool,
-}
-
-# tritonserver's --help groups, in its order; each flag below is listed under one of them.
-HELP_GROUPS = (
-    "Server", "Logging", "Model Repository", "HTTP", "GRPC", "Sagemaker", "Vertex", "Metrics", "Tracing",
-    "Backend", "Repository Agent", "Response Cache", "Rate Limiter", "Memory/Device Management", "DEPRECATED",
-)
-_FLAG_GROUPS = {
-    "http-thread-count": "HTTP", "reuse-http-port": "HTTP", "grpc-infer-thread-count": "GRPC",
-    "reuse-grpc-port": "GRPC", "grpc-max-response-pool-size": "GRPC", "model-load-thread-count": "Model Repository",
-    "model-load-retry-count": "Model Repository", "enable-peer-access": "Model Repository",
-    "model-namespacing": "Model Repository", "allow-gpu-metrics": "Metrics", "sagemaker-thread-count": "Sagemaker",
-    "vertex-ai-thread-count": "Vertex", "repoagent-directory": "Repository Agent", "cache-config": "Response Cache",
-    "cache-directory": "Response Cache", "rate-limit": "Rate Limiter", "rate-limit-resource": "Rate Limiter",
-    "response-cache-byte-size": "DEPRECATED", "allow-client-shm": "Server",
-    "grpc-http2-min-recv-ping-interval-without-data": "GRPC", "grpc-http2-max-ping-strikes": "GRPC",
-    "grpc-max-connection-age": "GRPC", "grpc-max-connection-age-grace": "GRPC",
-    "grpc-infer-response-compression-level": "GRPC",
-}
-
-
-_KIND_NAMES = {parse_int: "<integer>", parse_int64: "<integer>", parse_int_text: "<integer>",
-               parse_verbose_level: "<integer>", parse_bool: "<boolean>", parse_float: "<float>"}
-
-
-def _adder(group):
-    """group.add_argument, naming a value by its kind as tritonserver's --help does (<integer>...)."""
-
-    def add(*names, **options):
-        if "metavar" not in options and options.get("action") not in ("store_true", "version"):
-            options["metavar"] = _KIND_NAMES.get(options.get("type"), "<string>")
-        return group.add_argument(*names, **options)
-
-    return add
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """One line of help per flag, then its default where it has one (booleans as true/false,
-    the words tritonserver's flags take)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if action.nargs == 0 or default in (None, "", []) or default is argparse.SUPPRESS:
-            return text
-        shown = str(default).lower() if isinstance(default, bool) else str(default)
-        return f"{text} (default: {shown.replace('%', '%%')})"
-
-
-class ArgumentsRefused(SystemExit):
-    """A command line `kernel serve` refuses: exit status 1, as tritonserver's; `message` in its
-    words, for callers that parse arguments in-process."""
-
-    def __init__(self, message: str):
-        super().__init__(1)
-        self.message = message
-
-
-class KernelArgumentParser(argparse.ArgumentParser):
-    """argparse, with tritonserver's wording and exit status for a command line it refuses."""
-
-    def error(self, message: str):
-        failure = triton_message(message)
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"{failure}\n")
-        raise ArgumentsRefused(failure)
-
-
-_ARGUMENT = re.compile(r"argument (-[^/:\s]+)[^:]*: (.*)", re.DOTALL)
-_AMBIGUOUS = re.compile(r"ambiguous option: (\S+) could match (.*)")
-
-
-def triton_message(message: str) -> str:
-    """argparse's complaint in tritonserver's words, where tritonserver has words for it."""
-    match = _ARGUMENT.fullmatch(message)
-    if match:
-        flag, problem = match.groups()
-        if problem == "expected one argument":
-            return f"option '{flag}' requires an argument"
-        if problem.startswith("ignored explicit argument"):
-            return f"option '{flag}' doesn't allow an argument"
-        if problem.startswith("invalid ") and " value: " in problem:  # a type error argparse worded
-            problem = f"Invalid option value. Got {problem.split(' value: ', 1)[1].strip(chr(39))}"
-        return f'Bad option: "{flag}".\n{problem}'
-    match = _AMBIGUOUS.match(message)
-    if match:
-        options = " ".join(f"'{name.strip()}'" for name in match.group(2).split(","))
-        return f"option '{match.group(1)}' is ambiguous; possibilities: {options}"
-    if message.startswith("unrecognized arguments: "):
-        return f"unrecognized option '{message.split(': ', 1)[1].split(' ')[0]}'"
-    return message
-
-
 class _NotYet(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string}: this tritonserver flag is not supported by Kernel yet")
@@ -348,12 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     # Vertex AI endpoint unless told otherwise.
     vertex_prediction = os.environ.get("AIP_MODE", "") == "PREDICTION"
 
-    a = _adder(g["Server"])
+    a = flag_adder(g["Server"])
     a("--id", default="triton", help="server identifier reported by GET /v2")
     a("--exit-timeout-secs", type=parse_int, default=30,
       help="seconds to wait for in-flight requests at shutdown")
 
-    a = _adder(g["Logging"])
+    a = flag_adder(g["Logging"])
     a("--log-verbose", type=parse_verbose_level, default=0,
       help="verbose logging level; 0 disables verbose logging (true/false mean 1/0)")
     a("--log-info", type=parse_bool, default=True, help="enable/disable info-level logging")
@@ -364,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="log line layout: tritonserver's default or ISO8601, or Kernel's json (one object per line)")
     a("--log-file", default=None, help="append the log to this file instead of writing it to stderr")
 
-    a = _adder(g["Model Repository"])
+    a = flag_adder(g["Model Repository"])
     a("--model-repository", "--model-store", dest="model_repository", action="append",
       help="model repository path (repeatable); default: AIP_STORAGE_URI; required otherwise")
     a("--exit-on-error", type=parse_bool, default=True,
@@ -382,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--model-config-name", default=None,
       help="use <model>/configs/<name>.pbtxt instead of config.pbtxt where it exists")
 
-    a = _adder(g["HTTP"])
+    a = flag_adder(g["HTTP"])
     a("--allow-http", type=parse_bool, default=not vertex_prediction,
       help="serve KServe v2 over HTTP (default false when AIP_MODE=PREDICTION)")
     a("--http-address", default="0.0.0.0", help="address the HTTP endpoint listens on")
@@ -402,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--http-body-timeout-secs", type=parse_float, default=60.0,
       help="Kernel only: seconds a request body may pause before the connection is closed")
 
-    a = _adder(g["GRPC"])
+    a = flag_adder(g["GRPC"])
     a("--allow-grpc", type=parse_bool, default=not vertex_prediction,
       help="serve KServe v2 over gRPC (default false when AIP_MODE=PREDICTION)")
     a("--grpc-address", default="0.0.0.0", help="address the gRPC endpoint listens on")
@@ -428,14 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--grpc-server", type=choice("--grpc-server", ("native", "grpclib", "grpcio")), default=None,
       metavar="{native,grpclib,grpcio}", help="Kernel only: the gRPC server implementation (None: native)")
 
-    a = _adder(g["Sagemaker"])
+    a = flag_adder(g["Sagemaker"])
     a("--allow-sagemaker", type=parse_bool, default=False,
       help="serve the SageMaker endpoint (/ping, /invocations, /models)")
     a("--sagemaker-port", type=parse_int, default=8080, help="port the SageMaker endpoint listens on")
-    a("--sagemaker-safe-port-range", type=_port_range, default=None, metavar="<low>-<high>",
+    a("--sagemaker-safe-port-range", type=parse_port_range, default=None, metavar="<low>-<high>",
       help="ports the other endpoints may use when SageMaker is allowed")
 
-    a = _adder(g["Vertex"])
+    a = flag_adder(g["Vertex"])
     a("--allow-vertex-ai", type=parse_bool, default=vertex_prediction,
       help="serve the Vertex AI endpoint (default true when AIP_MODE=PREDICTION)")
     a("--vertex-ai-port", type=parse_int, default=os.environ.get("AIP_HTTP_PORT") or "8080",
@@ -443,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--vertex-ai-default-model", default="",
       help="the model AIP_PREDICT_ROUTE serves (needed when the repository has several)")
 
-    a = _adder(g["Metrics"])
+    a = flag_adder(g["Metrics"])
     a("--allow-metrics", type=parse_bool, default=True,
       help="serve Prometheus metrics on --metrics-port")
     a("--allow-cpu-metrics", type=parse_bool, default=True,
@@ -456,22 +223,22 @@ def build_parser() -> argparse.ArgumentParser:
     a("--metrics-config", action="append", default=[], type=parse_metrics_setting, metavar="<setting>=<value>",
       help="counter_latencies, summary_latencies, summary_quantiles, histogram_latencies (repeatable)")
 
-    a = _adder(g["Tracing"])
+    a = flag_adder(g["Tracing"])
     a("--trace-config", action="append", default=[], metavar="[<mode>,]<setting>=<value>",
       help="rate, level, count, mode; triton,file / triton,log-frequency (repeatable)")
 
-    a = _adder(g["Backend"])
+    a = flag_adder(g["Backend"])
     a("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
       help="where Python-based backends (<name>/model.py) are found")
     a("--backend-config", action="append", default=[], type=parse_backend_setting,
       metavar="[<backend>,]<setting>=<value>",
       help="a backend setting, e.g. python,shm-default-byte-size=1048576 (repeatable)")
 
-    a = _adder(g["Response Cache"])
+    a = flag_adder(g["Response Cache"])
     a("--cache-config", action="append", default=[], metavar="<cache name>,<setting>=<value>",
       help="the response cache: local,size=<bytes> (repeatable)")
 
-    a = _adder(g["DEPRECATED"])
+    a = flag_adder(g["DEPRECATED"])
     a("--response-cache-byte-size", type=parse_int64, default=None,
       help="deprecated: --cache-config local,size=<bytes>")
     a("--strict-model-config", type=parse_bool, default=False,
@@ -485,11 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.set_defaults(no_effect=[])
     for flag in sorted(NO_EFFECT_FLAGS):
-        _adder(g[_FLAG_GROUPS.get(flag, "Memory/Device Management")])(
+        flag_adder(g[FLAG_GROUPS.get(flag, "Memory/Device Management")])(
             f"--{flag}", action=_NoEffect, type=FLAG_KINDS.get(flag, str),
             help="accepted for compatibility with tritonserver; no effect in Kernel")
     for flag in sorted(NOT_YET_FLAGS):
-        _adder(g[_FLAG_GROUPS.get(flag, "Server")])(
+        flag_adder(g[FLAG_GROUPS.get(flag, "Server")])(
             f"--{flag}", action=_NotYet, nargs="?",
             help="not supported by Kernel yet (refused)")
     return parser

@@ -22,6 +22,7 @@ from __future__ import annotations
 import pytest
 
 from kernel.serve import cli
+from kernel.serve.flags import ArgumentsRefused
 
 # Each tritonserver flag Kernel knows, with the kind tritonserver's --help gives its value.
 INTEGER_FLAGS = [
@@ -71,7 +72,7 @@ def parse(*argv: str):
 
 def refusal(capsys, *argv: str) -> str:
     """The message `kernel serve` refuses argv with (after checking it exits 1 and prints it)."""
-    with pytest.raises(cli.ArgumentsRefused) as refused:
+    with pytest.raises(ArgumentsRefused) as refused:
         parse(*argv)
     assert refused.value.code == 1
     assert refused.value.message in capsys.readouterr().err

@@ -21,6 +21,7 @@ import pytest
 import kernel
 from conftest import EXAMPLES, ROOT, TEST_MODELS, KernelProcess, free_port
 from kernel.serve import cli
+from kernel.serve.flags import ArgumentsRefused
 
 
 def kernel_cli(*argv: str) -> subprocess.CompletedProcess:
@@ -157,7 +158,7 @@ def test_json_log_is_one_object_per_line_for_server_and_model(start_kernel, tmp_
 
 
 def test_json_is_refused_by_its_exact_name(capsys):
-    with pytest.raises(cli.ArgumentsRefused):
+    with pytest.raises(ArgumentsRefused):
         cli.build_parser().parse_args(["serve", "--log-format=JSON"])  # as tritonserver's names, case counts
 
 
