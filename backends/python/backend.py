@@ -28,6 +28,7 @@ _SETTINGS = {
     "shm-default-byte-size": ("shm_default_byte_size", int),
     "shm-growth-byte-size": ("shm_growth_byte_size", int),
     "stub-timeout-seconds": ("stub_timeout_seconds", float),
+    "request-age-warning-seconds": ("request_age_warning_seconds", float),  # Kernel only (age_watch.py)
 }
 # Accepted for compatibility with tritonserver; they change nothing here.
 _ACCEPTED = {"shm-region-prefix-name", "default-max-batch-size"}

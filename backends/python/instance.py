@@ -19,6 +19,7 @@ from typing import Optional
 import msgspec
 
 from kernel.backends.python import messages, wire
+from kernel.backends.python.age_watch import AgeWatch
 from kernel.backends.python.arena import Arena, PeerArena
 from kernel.backends.python.execenv import WorkerCommand, server_command
 from kernel.backends.python.framing import MessageChannel
@@ -36,6 +37,8 @@ class WorkerSettings(msgspec.Struct, frozen=True):
     stub_timeout_seconds: float = 30.0
     is_ready_timeout_seconds: float = 5.0
     log: messages.LogSettings = messages.LogSettings()
+    # Kernel only: a request unanswered this long is logged once (age_watch.py); 0 turns it off.
+    request_age_warning_seconds: float = 60.0
 
 
 class WorkerInstance(BackendInstance):
@@ -83,6 +86,9 @@ class WorkerInstance(BackendInstance):
         self._ready_checks: dict[int, asyncio.Future] = {}
         self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
         self._traced: dict[int, list] = {}  # Execute trace_key -> kernel.observe.trace.Trace of its traced requests
+        if getattr(self, "_ages", None) is not None:
+            self._ages.close()
+        self._ages = AgeWatch(self.name, self.settings.request_age_warning_seconds, lambda: self._pending)
         self._async_execute = False
 
     # ---- lifecycle -----------------------------------------------------
@@ -207,6 +213,7 @@ class WorkerInstance(BackendInstance):
         self._release_resources()
 
     def _release_resources(self) -> None:
+        self._ages.close()
         self._arena.close()
         self._peer.close()
         if self._fd_sock is not None:
@@ -307,6 +314,7 @@ class WorkerInstance(BackendInstance):
                 trace.hold()
             self._traced[trace_key] = traced
         self._executing += 1
+        self._ages.watch()
 
     def _unsent(self, requests: list[InferRequest], packed: list[list], exc: Exception) -> None:
         """Undo a batch that never reached the worker and fail each of its requests."""
