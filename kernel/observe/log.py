@@ -39,7 +39,8 @@ class TritonFormatter(logging.Formatter):
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(secs))
             head = f"{stamp} {letter}"
         else:
-            stamp = time.strftime("%m%d %H:%M:%S", time.localtime(secs))
+            # UTC, whatever TZ says, as tritonserver's own lines (and pb_utils.Logger's) are.
+            stamp = time.strftime("%m%d %H:%M:%S", time.gmtime(secs))
             head = f"{letter}{stamp}.{micros:06d}"
         message = record.getMessage()
         if record.exc_info:

@@ -216,3 +216,20 @@ def test_line_layouts(level, letter, name):
                         server_log.formatter_for("ISO8601").format(record))
     doc = json.loads(server_log.formatter_for("json").format(record))
     assert doc["level"] == name and doc["message"] == 'say "hi"' and (doc["file"], doc["line"]) == ("server.py", 42)
+
+
+def test_times_are_utc_whatever_tz_says(monkeypatch):
+    """tritonserver started with TZ=Asia/Tokyo still writes UTC times (checked with 2.51)."""
+    import time
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        record = logging.LogRecord("kernel.core.server", logging.INFO, "/x/server.py", 1, "m", (), None)
+        record.created = 86400 * 31 + 3600 * 5 + 0.25  # 1970-02-01 05:00:00.25 UTC
+        assert server_log.formatter_for("default").format(record).startswith("I0201 05:00:00.250000 ")
+        assert server_log.formatter_for("ISO8601").format(record).startswith("1970-02-01T05:00:00Z I ")
+        assert json.loads(server_log.formatter_for("json").format(record))["time"] == "1970-02-01T05:00:00.250000Z"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
