@@ -13,6 +13,8 @@ forever (slowloris). Every listener built on kernel.transports.asgi.UvicornListe
 - body time: while a request body is still arriving, at most `body_timeout_s` between
   two reads (not counted while the app has reading paused); then 408 and close, which
   the app sees as the client going away.
+- body chunks: a chunked body may arrive in at most `max_body_chunks` non-empty chunks
+  (65536, as tritonserver); past that 400 with tritonserver's words, and close.
 
 Idle keep-alive connections are closed by uvicorn's own keep-alive timeout.
 """
@@ -32,6 +34,9 @@ class Http1Limits:
     max_header_bytes: int = 64 * 1024
     header_timeout_s: float = 30.0
     body_timeout_s: float = 60.0
+    # Non-empty chunks one chunked request body may arrive in (tritonserver's cap, and its words in
+    # CHUNKS_MESSAGE): a body of millions of one-byte chunks costs far more than its size.
+    max_body_chunks: int = 65536
 
     def __post_init__(self) -> None:
         if self.max_header_bytes < 1024:
@@ -40,93 +45,129 @@ class Http1Limits:
             raise ValueError("HTTP header and body timeouts must be positive")
 
 
+CHUNKS_MESSAGE = ("Chunked request body exceeds maximum of %d non-empty chunks. "
+                  "Send fewer or larger HTTP chunks.")
+
+
 def _refusal(status: bytes, message: bytes) -> bytes:
     return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
             b"content-length: %d\r\n\r\n" % (len(message) + 12) + b'{"error":"' + message + b'"}')
 
 
+_HEADERS, _BODY, _DONE = 0, 1, 2  # where the current request is (DONE: read whole, or none begun)
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with Http1Limits; `limits` is set on a subclass (see protocol_with)."""
+    """uvicorn's httptools protocol with Http1Limits; `limits` is set on a subclass (see protocol_with).
+
+    Cheap on the hot path: a request that arrives in one read arms no timer at all; a
+    timer is armed only when a read leaves a request's headers or body unfinished, and
+    it re-arms itself from the time of the last read rather than being reset on each one.
+    """
 
     limits: Http1Limits = Http1Limits()
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._in_headers = True  # between a request's first byte (or the connection's start) and its headers' end
+        self._phase = _HEADERS
         self._header_bytes = 0
+        self._started = 0.0  # when the current request's first byte came (or the connection opened)
+        self._last_read = 0.0
         self._timer: Optional[asyncio.TimerHandle] = None
+        self._chunked = False  # the request being read has Transfer-Encoding: chunked
+        self._body_pieces = 0  # non-empty body pieces of that request so far (one or more per chunk)
 
     # ---- connection -----------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._arm(self.limits.header_timeout_s, self._header_timeout)
+        self._started = self._last_read = self.loop.time()
+        self._arm(self.limits.header_timeout_s)
 
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._in_headers:
+        self._last_read = self.loop.time()
+        if self._phase == _HEADERS:
             self._header_bytes += len(data)
         super().data_received(data)
+        phase = self._phase
+        if phase == _DONE or self.parser is None:
+            return
         # Still inside the headers after this read: all of it counted against the limit.
-        if self._in_headers and self._header_bytes > self.limits.max_header_bytes and self.parser is not None:
+        if phase == _HEADERS and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(b"431 Request Header Fields Too Large",
                          b"the request headers exceed %d bytes" % self.limits.max_header_bytes)
+        elif self._timer is None:
+            self._arm(self.limits.header_timeout_s if phase == _HEADERS else self.limits.body_timeout_s)
 
     # ---- parser callbacks -------------------------------------------------------
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_headers = True
-        if self._timer is None:  # a keep-alive connection's next request: its headers' clock starts now
+        if self._phase == _DONE:  # a keep-alive connection's next request: its headers' clock starts now
+            self._phase = _HEADERS
+            self._started = self._last_read
             self._header_bytes = 0
-            self._arm(self.limits.header_timeout_s, self._header_timeout)
 
     def on_headers_complete(self) -> None:
         size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
-        self._in_headers = False
-        self._header_bytes = 0
+        self._phase = _BODY
+        self._body_pieces = 0
+        self._chunked = any(k.lower() == b"transfer-encoding" and b"chunked" in v.lower() for k, v in self.headers)
         if size > self.limits.max_header_bytes:
             self._refuse(b"431 Request Header Fields Too Large",
                          b"the request headers exceed %d bytes" % self.limits.max_header_bytes)
             raise httptools.HttpParserError("request headers too large")
-        self._arm(self.limits.body_timeout_s, self._body_timeout)
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
-        self._arm(self.limits.body_timeout_s, self._body_timeout)
+        if self._chunked and body:
+            # httptools hands over each chunk's data (a chunk split across two reads comes in two pieces).
+            self._body_pieces += 1
+            if self._body_pieces > self.limits.max_body_chunks:
+                self._refuse(b"400 Bad Request", (CHUNKS_MESSAGE % self.limits.max_body_chunks).encode())
+                raise httptools.HttpParserError("too many body chunks")
         super().on_body(body)
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self._phase = _DONE
         super().on_message_complete()
 
-    # ---- timers ------------------------------------------------------------------
+    # ---- the timer ---------------------------------------------------------------
 
-    def _arm(self, delay: float, callback) -> None:
-        self._disarm()
-        self._timer = self.loop.call_later(delay, callback)
+    def _arm(self, delay: float) -> None:
+        self._timer = self.loop.call_later(delay, self._expired)
 
     def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
-    def _header_timeout(self) -> None:
-        self._timer = None
-        if self._in_headers and self.transport is not None and not self.transport.is_closing():
-            self._refuse(b"408 Request Timeout",
-                         b"the request headers did not arrive within %g s" % self.limits.header_timeout_s)
-
-    def _body_timeout(self) -> None:
+    def _expired(self) -> None:
         self._timer = None
         if self.transport is None or self.transport.is_closing():
             return
-        if self.flow is not None and self.flow.read_paused:
-            self._arm(self.limits.body_timeout_s, self._body_timeout)  # the app is not reading: not the client's fault
-            return
+        now = self.loop.time()
+        if self._phase == _HEADERS:
+            due = self._started + self.limits.header_timeout_s
+            if now < due:
+                self._arm(due - now)
+                return
+            self._refuse(b"408 Request Timeout",
+                         b"the request headers did not arrive within %g s" % self.limits.header_timeout_s)
+        elif self._phase == _BODY:
+            due = self._last_read + self.limits.body_timeout_s
+            if self.flow is not None and self.flow.read_paused:
+                self._arm(self.limits.body_timeout_s)  # the app is not reading: not the client's fault
+            elif now < due:
+                self._arm(due - now)
+            else:
+                self._body_expired()
+
+    def _body_expired(self) -> None:
         cycle = self.cycle
         if cycle is not None and not cycle.response_started:
             # The app is still reading the body: no response of its own has begun.
