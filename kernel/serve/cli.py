@@ -76,8 +76,25 @@ NOT_YET_FLAGS = {
 }
 
 
+# The value of a not-yet flag that asks for nothing Kernel lacks (tritonserver's default, feature
+# off): a start-up script that spells the default out still starts.
+NOT_YET_DEFAULTS = {"model-namespacing": "false", "rate-limit": "off", "grpc-infer-response-compression-level": "none"}
+
+
 class _NotYet(argparse.Action):
+    """Refuses a tritonserver flag Kernel does not implement, unless it names the feature's off value."""
+
     def __call__(self, parser, namespace, values, option_string=None):
+        flag = self.option_strings[0]
+        default = NOT_YET_DEFAULTS.get(flag[2:])
+        if values is not None and default is not None:
+            kind = FLAG_KINDS.get(flag[2:], str)
+            try:
+                value = kind(values)
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"argument {flag}: {exc}")
+            if (value.lower() if isinstance(value, str) else value) == kind(default):
+                return
         parser.error(f"{option_string}: this tritonserver flag is not supported by Kernel yet")
 
 

@@ -221,3 +221,21 @@ def test_structured_values_refused_in_tritonservers_words(capsys, argv, message)
 )
 def test_structured_values_taken(argv, attribute, expected):
     assert getattr(parse(*argv), attribute) == expected
+
+
+@pytest.mark.parametrize(
+    "argv, refused",
+    [  # a tritonserver flag Kernel does not implement starts only when it asks for the feature's off value
+        (["--model-namespacing=false"], None), (["--model-namespacing", "OFF"], None),
+        (["--model-namespacing=true"], "--model-namespacing: this tritonserver flag is not supported by Kernel yet"),
+        (["--model-namespacing=yes"], 'Bad option: "--model-namespacing".\ninvalid value for bool option: yes'),
+        (["--rate-limit=OFF"], None), (["--rate-limit=off"], None),
+        (["--rate-limit=execution_count"], "--rate-limit: this tritonserver flag is not supported by Kernel yet"),
+        (["--rate-limit-resource=R1:10"], "--rate-limit-resource: this tritonserver flag is not supported by Kernel yet"),
+    ],
+)
+def test_not_yet_flags_take_their_off_value(capsys, argv, refused):
+    if refused is None:
+        parse(*argv)
+    else:
+        assert refusal(capsys, *argv) == refused
