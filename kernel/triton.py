@@ -33,6 +33,7 @@ from kernel.exceptions import (
 )
 from kernel.model_config.model_config import ModelConfig
 from kernel.model_config.tensor import Tensor
+from kernel.remote import RemoteTriton
 from kernel.triton_config import (
     DEFAULT_PROTECTED_ENDPOINTS,
     DefaultTritonLifecyclePolicy,
@@ -83,6 +84,7 @@ class Triton:
         self._cv = threading.Condition()
         self._runtime = None  # kernel.serve.inprocess.InProcessServer once started
         self._backend = None  # kernel.backends.callable.CallableBackend of the running server
+        self._remote = None  # kernel.serve.remote.RemoteBindingService when remote binding is allowed
         self._stopped = True
         self._connected = False
         self._fatal: Optional[BaseException] = None  # what a callable raised as PyTritonUnrecoverableError
@@ -225,8 +227,13 @@ class Triton:
             self._connected = False
         atexit.unregister(self.stop)
         runtime, self._runtime = self._runtime, None
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            remote.stop_listening()
         if runtime is not None:
             runtime.stop()
+        if remote is not None:
+            remote.close()  # the binding processes see the connection end
         if self._backend is not None:
             self._backend.close()
             self._backend = None
@@ -301,6 +308,21 @@ class Triton:
         with self._cv:
             self._stopped = False
             self._fatal = None
+        if self._config.allow_remote_binding:
+            self._start_remote_binding(runtime)
+
+    def _start_remote_binding(self, runtime) -> None:
+        """Open the socket RemoteTriton processes of this user dial (named after the HTTP and gRPC ports)."""
+        from kernel.serve.remote import start_remote_binding
+
+        args = runtime.args
+        ports = [args.http_port if args.allow_http else None, args.grpc_port if args.allow_grpc else None]
+        store = self._workspace.path / "remote-models"
+        try:
+            self._remote = runtime.call(start_remote_binding(runtime.server, self._backend, store, ports), 30)
+        except OSError as exc:
+            self.stop()
+            raise PyTritonRuntimeError(f"Remote binding cannot be enabled: {exc}") from None
 
     @staticmethod
     def _startup_failure(runtime, exc: Exception) -> Tuple[str, bool]:
@@ -344,13 +366,3 @@ def _on_sigterm(callback: Callable[[], None]) -> Callable[[], None]:
     except (ValueError, OSError):
         return lambda: None
     return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-class RemoteTriton:
-    """PyTriton's client to a Triton server in another process; Kernel binds callables in-process only."""
-
-    def __init__(self, url: str, workspace=None, access_token: Optional[str] = None):
-        raise PyTritonInvalidOperationError(
-            "RemoteTriton is not supported by Kernel: bind callables with kernel.triton.Triton, which runs the "
-            "server in this process"
-        )

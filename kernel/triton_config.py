@@ -87,6 +87,8 @@ class TritonConfig:
     cache_config: Optional[List[str]] = None
     cache_directory: Optional[str] = None
     buffer_manager_thread_count: Optional[int] = None
+    #: Kernel's own: let processes of this user on this host bind models with RemoteTriton (off by default).
+    allow_remote_binding: Optional[bool] = None
 
     def __post_init__(self):
         if self.allow_http not in (True, None) and self.allow_grpc not in (True, None):
@@ -241,6 +243,8 @@ def server_argv(config: TritonConfig, model_store: pathlib.Path,
         if name == "model_repository":
             argv.append(f"--model-repository={value}")
             continue
+        if name == "allow_remote_binding":
+            continue  # Triton() opens the remote-binding socket itself
         flag = name.replace("_", "-")
         if flag in cli.NOT_YET_FLAGS:
             _warn_once(name, "is not supported by Kernel yet; ignored")

@@ -47,6 +47,11 @@ class AsyncRunner:
             self._thread.start()
             ready.wait()
 
+    @property
+    def loop(self) -> Optional[asyncio.AbstractEventLoop]:
+        """The runner's event loop once started (remote binding runs its connections on it)."""
+        return self._loop
+
     def spawn(self, coroutine_fn: Callable[[Any], Awaitable[None]], arg: Any) -> None:
         """Start coroutine_fn(arg) as a task on the runner's loop. Safe from any thread."""
         self._inbox.post(self._start_task, (coroutine_fn, arg))

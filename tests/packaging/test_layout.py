@@ -45,7 +45,7 @@ LAYERS = [
     (3, ["kernel.backends"]),
     (4, ["kernel.serve", "kernel.__main__"]),
     (5, ["kernel.triton", "kernel.triton_config", "kernel.triton_model", "kernel.workspace", "kernel.decorators",
-         "kernel.model_config", "kernel.client", "kernel.exceptions"]),
+         "kernel.model_config", "kernel.client", "kernel.exceptions", "kernel.remote"]),
 ]
 # kernel/__init__.py holds only the version string; every layer may read it.
 SHARED = {"kernel"}
