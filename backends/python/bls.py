@@ -17,6 +17,7 @@ import weakref
 from typing import Optional
 
 from kernel.backends.python import messages, wire
+from kernel.backends.python.bls_stream import AsyncResponseStream
 from kernel.backends.python.inline_channel import OneShot
 from kernel.core import datatypes
 
@@ -26,26 +27,22 @@ import triton_python_backend_utils as pb_utils
 class _Call:
     """One BLS call in flight: where its responses go."""
 
-    __slots__ = ("decoupled", "sync_queue", "future", "collected", "done")
+    __slots__ = ("decoupled", "sync_queue", "future", "stream", "done")
 
     def __init__(self, decoupled: bool, blocking: bool, loop: asyncio.AbstractEventLoop):
         self.decoupled = decoupled
         self.sync_queue: Optional[queue.SimpleQueue] = queue.SimpleQueue() if blocking else None
-        self.future: Optional[asyncio.Future] = None if blocking else loop.create_future()
-        self.collected: list = []
+        self.future: Optional[asyncio.Future] = None if blocking or decoupled else loop.create_future()
+        self.stream: Optional[AsyncResponseStream] = None  # async_exec(decoupled=True)
         self.done = False
 
     def deliver(self, response, final: bool) -> None:
         if self.sync_queue is not None:
             self.sync_queue.put((response, final))
-            return
-        if not self.decoupled:
-            if not self.future.done():
-                self.future.set_result(response)
-            return
-        self.collected.append(response)
-        if final and not self.future.done():
-            self.future.set_result(self.collected)
+        elif self.stream is not None:
+            self.stream.deliver(response, final)
+        elif not self.future.done():
+            self.future.set_result(response)
 
 
 class ResponseIterator:
@@ -143,11 +140,12 @@ class BlsClient:
 
     async def _async_exec(self, request, decoupled: bool):
         key, call = self._new_call(decoupled, blocking=False)
-        self._send(key, request, decoupled, False)
-        result = await call.future
         if decoupled:
-            return iter(result)
-        return result
+            call.stream = AsyncResponseStream(self, key, self.worker.loop)
+        self._send(key, request, decoupled, False)
+        if decoupled:
+            return call.stream  # responses are yielded as they arrive
+        return await call.future
 
     def cancel(self, key: int) -> None:
         self.worker.call_on_loop(self._send_cancel, key)

@@ -346,6 +346,26 @@ class Worker:
         finally:
             asyncio.events._set_running_loop(None)
 
+    def hold_loop_until(self, done) -> bool:
+        """Block the running loop, from a coroutine on it, until done(): the channel is pumped meanwhile.
+
+        For a plain `for` over a BLS response stream inside an async execute (Triton's
+        own example iterates that way). Returns False, without waiting, when that is
+        unsafe: an inline execute holds the loop already, or sends still sit in the
+        transport's buffer (a direct read could answer before they leave).
+        """
+        if self._inline_busy or not self.channel.can_go_direct():
+            return False
+        self._inline_busy = True
+        self.channel.set_direct(True)
+        try:
+            while not done():
+                self.channel.pump(None, done)
+        finally:
+            self.channel.set_direct(False)
+            self._inline_busy = False
+        return True
+
     def take_off_loop(self, answers: queue.SimpleQueue, send=None, timeout: float | None = None):
         """The next item of answers, for a thread other than the loop's (queue.Empty after timeout).
 
