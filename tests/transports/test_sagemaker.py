@@ -110,20 +110,23 @@ def test_invocations_binary_tensor_data(shared):
 
 
 @pytest.mark.parametrize(
-    "content, headers, message",
+    "content, headers, status, message",
     [
-        (b"{not json", {}, "failed to parse the request JSON"),
+        # tritonserver 2.51: 500 and RapidJSON's words with the byte offset
+        (b"{not json", {}, 500, "failed to parse the request JSON buffer: Missing a name for object member. at 1"),
+        (b"xyz", {}, 500, "failed to parse the request JSON buffer: Invalid value. at 0"),
+        (b"not json", {}, 500, "failed to parse the request JSON buffer: Invalid value. at 1"),
         (json.dumps({"inputs": [{"name": "NOPE", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode(),
-         {}, "unexpected inference input 'NOPE'"),
-        (b"{}", {"Content-Type": f"{MIME}abc"}, "Unable to parse inference header size"),
-        (b"{}", {"Content-Type": f"{MIME}999"}, "inference header size should be in range"),
-        (b"{}", {"Content-Type": f"text/plain; {MIME}2"}, "expect MIME type for binary data starts with"),
+         {}, 400, "unexpected inference input 'NOPE'"),
+        (b"{}", {"Content-Type": f"{MIME}abc"}, 400, "Unable to parse inference header size"),
+        (b"{}", {"Content-Type": f"{MIME}999"}, 400, "inference header size should be in range"),
+        (b"{}", {"Content-Type": f"text/plain; {MIME}2"}, 400, "expect MIME type for binary data starts with"),
     ],
 )
-def test_invocations_bad_input(shared, content, headers, message):
+def test_invocations_bad_input(shared, content, headers, status, message):
     c = shared
     r = c.post("/invocations", content=content, headers=headers)
-    assert r.status_code == 400, r.text
+    assert r.status_code == status, r.text
     assert message in r.json()["error"]
     assert c.post("/invocations", json=ADD_SUB_JSON).status_code == 200  # still serving
 
@@ -151,8 +154,9 @@ def test_default_model_selection(start_kernel, tmp_path):
     copy_model(CLOUD / "text_echo", two)
     copy_model(EXAMPLES / "add_sub", two)
     k2, c2 = sagemaker(start_kernel, [two])
-    r = c2.post("/invocations", json=text_request("x"))
-    assert r.status_code == 400 and "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME" in r.json()["error"]
+    r = c2.post("/invocations", json=text_request("x"))  # tritonserver's status and words
+    assert (r.status_code, r.json()) == (
+        404, {"error": "Request for unknown model: 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME' is not found"})
 
     k3 = start_kernel([two], "--allow-sagemaker=true", f"--sagemaker-port={free_port()}",
                       env={"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "missing_model"})
@@ -197,8 +201,8 @@ def test_invocations_response_stream(start_kernel, tmp_path):
     assert events[1] == {"error": "word 1 is FAIL"}
     assert {o["name"]: o["data"] for o in events[2]["outputs"]}["text_output"] == ["b"]
     # errors before inference are plain JSON
-    r = c.post("/invocations-response-stream", content=b"{bad")
-    assert r.status_code == 400 and r.headers["content-type"] == "application/json"
+    r = c.post("/invocations-response-stream", content=b"{bad")  # malformed JSON: 500, as tritonserver
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
 
     words = " ".join(f"w{i}" for i in range(40))
     with httpx.stream("POST", f"{c.base_url}/invocations-response-stream",
@@ -334,11 +338,64 @@ def test_multi_model_bad_loads(start_kernel, tmp_path):
     assert c.post("/models/c/invoke", json=ADD_SUB_JSON).status_code == 200
 
 
-def test_multi_model_routes_need_multi_model_mode(start_kernel, tmp_path):
+def test_multi_model_routes_without_multi_model_mode(start_kernel, tmp_path):
+    """tritonserver 2.51 serves /models without SAGEMAKER_MULTI_MODEL (measured: GET /models is
+    200 {"models": []}, and a load works); the modelUrl is the url exactly as given; it logs
+    'Loading SageMaker TargetModel: <name>'; unknown names are a 404 with an empty body."""
     repo = repo_with(tmp_path, CLOUD / "text_echo")
-    _, c = sagemaker(start_kernel, [repo])
-    r = c.get("/models")
-    assert r.status_code == 400 and "SAGEMAKER_MULTI_MODEL" in r.json()["error"]
+    store = tmp_path / "store"
+    copy_model(EXAMPLES / "add_sub", store)  # a repository holding one model folder
+    k, c = sagemaker(start_kernel, [repo])
+    assert c.get("/models").json() == {"models": []}
+    url = f"{store}/"  # trailing slash and all
+    r = c.post("/models", json={"model_name": "mm1", "url": url}, headers={"X-Amzn-SageMaker-Target-Model": "t.tar.gz"})
+    assert r.status_code == 200, r.text
+    assert c.get("/models").json() == {"models": [{"modelName": "mm1", "modelUrl": url}]}
+    assert c.get("/models/mm1").json() == {"modelName": "mm1", "modelUrl": url}
+    assert "Loading SageMaker TargetModel: t.tar.gz" in k.log()
+    assert c.post("/models/mm1/invoke", json=ADD_SUB_JSON).status_code == 200
+    for r in (c.get("/models/nope"), c.post("/models/nope/invoke", json=ADD_SUB_JSON), c.delete("/models/nope")):
+        assert (r.status_code, r.content) == (404, b"")
+    assert c.delete("/models/mm1").status_code == 200
+    assert c.get("/models").json() == {"models": []}
+
+
+def test_chunked_invocations_body_is_capped_at_65536_chunks(start_kernel, tmp_path):
+    """tritonserver's cap and words; many one-byte chunks must not grow the server without bound."""
+    import socket
+
+    repo = repo_with(tmp_path, EXAMPLES / "add_sub")
+    k, c = sagemaker(start_kernel, [repo])
+    port = int(str(c.base_url).rsplit(":", 1)[1].rstrip("/"))
+
+    def send_chunks(count: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Transfer-Encoding: chunked\r\n\r\n")
+            body = json.dumps(ADD_SUB_JSON).encode()
+            # one byte per chunk: a chunk's data can never be split across two reads
+            pieces = [body[i:i + 1] for i in range(len(body))] + [b" "] * (count - len(body))
+            try:
+                for i in range(0, len(pieces), 4096):
+                    s.sendall(b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces[i:i + 4096]))
+                s.sendall(b"0\r\n\r\n")
+            except OSError:  # the server answered and closed while we were still sending
+                pass
+            data = b""
+            while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+                more = s.recv(65536)
+                if not more:
+                    break
+                data += more
+            return data
+
+    ok = send_chunks(65536)
+    assert ok.startswith(b"HTTP/1.1 200"), ok[:300]
+    refused = send_chunks(65537)
+    assert refused.startswith(b"HTTP/1.1 400"), refused[:300]
+    assert refused.endswith(b'{"error":"Chunked request body exceeds maximum of 65536 non-empty chunks. '
+                            b'Send fewer or larger HTTP chunks."}'), refused[-300:]
+    assert c.post("/invocations", json=ADD_SUB_JSON).status_code == 200
 
 
 # ---- the serve entry point ------------------------------------------------------------------

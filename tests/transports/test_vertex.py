@@ -86,8 +86,9 @@ def test_predict_binary_tensor_data(start_kernel, tmp_path):
 def test_predict_bad_input_keeps_serving(start_kernel, tmp_path):
     repo = repo_with(tmp_path, EXAMPLES / "add_sub")
     _, c = vertex(start_kernel, [repo])
-    r = c.post(PREDICT, content=b"{oops")
-    assert r.status_code == 400 and "failed to parse the request JSON" in r.json()["error"]
+    r = c.post(PREDICT, content=b"{oops")  # tritonserver's status and words (RapidJSON's)
+    assert (r.status_code, r.json()) == (500, {"error": "failed to parse the request JSON buffer: "
+                                                        "Missing a name for object member. at 1"})
     r = c.post(PREDICT, content=b"{}", headers={"Content-Type": f"{MIME}x"})
     assert r.status_code == 400 and "Unable to parse inference header size" in r.json()["error"]
     assert c.post(PREDICT, json=ADD_SUB_JSON).status_code == 200
@@ -137,6 +138,17 @@ def test_redirect_reaches_other_kserve_endpoints(shared):
     assert c.get(PREDICT, headers={REDIRECT: "v2/models/add_sub"}).status_code == 405
 
 
+def test_redirect_to_metrics_serves_the_metrics_page(shared):
+    """tritonserver answers the redirect value 'metrics' with its Prometheus text; so does Kernel."""
+    c = shared
+    assert c.post(PREDICT, json=ADD_SUB_JSON).status_code == 200
+    r = c.post(PREDICT, headers={REDIRECT: "metrics"}, content=b"ignored")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    assert "# TYPE nv_inference_request_success counter" in r.text
+    assert 'nv_inference_request_success{model="add_sub",version="1"}' in r.text
+
+
 @pytest.mark.parametrize(
     "target, status",
     [
@@ -149,7 +161,8 @@ def test_redirect_reaches_other_kserve_endpoints(shared):
         ("v2/models/%2e%2e/infer", 400),
         ("v2/models/add_sub%2Finfer", 400),
         ("v2/models/add_sub?x=1", 400),
-        ("metrics", 400),
+        ("/metrics", 400),
+        ("v2/metrics", 400),
         ("v1/models/add_sub", 400),
         ("v2/nothing/here", 400),
         ("v2/models/add_sub/versions/abc", 400),

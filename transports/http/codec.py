@@ -17,7 +17,7 @@ from kernel.core import datatypes
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
 from kernel.core.shared_memory import OutputWindow, RequestWindows, SharedMemoryManager
-from kernel.transports.http import parameters
+from kernel.transports.http import json_errors, parameters
 
 
 class InputJSON(msgspec.Struct):
@@ -54,7 +54,11 @@ def _decode_header(header) -> RequestJSON:
     except msgspec.ValidationError as exc:
         raise _bad(f"Unable to parse inference request: {exc}") from None
     except msgspec.DecodeError as exc:
-        raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
+        # tritonserver's words, offset and status (500) for a body that is not JSON (issue 13).
+        where = json_errors.describe(header)
+        if where is None:
+            raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
+        raise KernelError(ErrorCode.INTERNAL, f"failed to parse the request JSON buffer: {where}") from None
     except UnicodeDecodeError as exc:
         raise _bad(f"failed to parse the request JSON buffer: invalid UTF-8: {exc}") from None
     except RecursionError:

@@ -5,7 +5,8 @@
     POST   /invocations                   the endpoint's model: KServe v2 infer (or generate /
                                           generate_stream, per SAGEMAKER_TRITON_INFERENCE_TYPE)
     POST   /invocations-response-stream   the same, answered as server-sent events, one per response
-  multi-model endpoints (SAGEMAKER_MULTI_MODEL=true):
+  multi-model endpoints (served whether or not SAGEMAKER_MULTI_MODEL=true, as tritonserver 2.51
+  serves them; unknown names are a 404 with an empty body, as there):
     GET    /models                        {"models": [{"modelName", "modelUrl"}, ...]}
     POST   /models                        load {"model_name", "url"}: 200, 409 already loaded,
                                           400 bad request / cannot load, 507 out of resources
@@ -43,6 +44,8 @@ BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 TARGET_MODEL_HEADER = b"x-amzn-sagemaker-target-model"
 INFERENCE_TYPES = ("infer", "generate", "generate_stream")
 PING_MODES = ("ready", "live")
+# tritonserver's answer to /invocations when SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names no model.
+NO_DEFAULT_MODEL = "Request for unknown model: 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME' is not found"
 
 _MODELS_ROUTE = re.compile(r"/models(?:/)?([^/]+)?(/invoke)?")
 _ENSEMBLE = re.compile(r"platform\s*:\s*\"ensemble\"")
@@ -188,12 +191,9 @@ class SageMakerApp:
             return
         name = self.model_name
         if not name:
+            # tritonserver looks up a placeholder model name and answers in these words.
             await cloud.drain_body(receive)
-            await send_error(
-                send, 400,
-                "no model to serve /invocations: set SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
-                + (" (multi-model endpoints use /models/<name>/invoke)" if self.settings.multi_model else ""),
-            )
+            await send_error(send, 404, NO_DEFAULT_MODEL)
             return
         kind = self.settings.inference_type
         if kind == "infer" and not stream:
@@ -216,16 +216,11 @@ class SageMakerApp:
     # ---- multi-model endpoints ---------------------------------------------------------
 
     async def _models(self, name: str, invoke: bool, method: str, scope, receive, send) -> None:
-        if not self.settings.multi_model:
-            await send_error(
-                send, 400, "multi-model endpoint routes (/models) are only served when SAGEMAKER_MULTI_MODEL=true"
-            )
-            return
         if method == "GET" and not invoke:
             if name:
                 loaded = self.models.get(name)
                 if loaded is None:
-                    await send_error(send, 404, f"model '{name}' is not loaded")
+                    await send_status(send, 404)
                 else:
                     await send_json(send, 200, {"modelName": name, "modelUrl": loaded.url})
             else:
@@ -239,7 +234,7 @@ class SageMakerApp:
             loaded = self.models.get(name)
             if loaded is None:
                 await cloud.drain_body(receive)
-                await send_error(send, 404, f"model '{name}' is not loaded")
+                await send_status(send, 404)
                 return
             log.info("Invoking SageMaker TargetModel: %s", cloud.header(scope, TARGET_MODEL_HEADER) or name)
             await self._infer(loaded.target, scope, receive, send, multi_model=True)
@@ -304,7 +299,7 @@ class SageMakerApp:
     async def _unload(self, name: str, scope, send) -> None:
         loaded = self.models.get(name)
         if loaded is None or name in self._busy:
-            await send_error(send, 404, f"model '{name}' is not loaded")
+            await send_status(send, 404)
             return
         log.info("Unloading SageMaker TargetModel: %s", cloud.header(scope, TARGET_MODEL_HEADER) or loaded.target)
         self._busy.add(name)

@@ -4,7 +4,8 @@
     POST $AIP_PREDICT_ROUTE   KServe v2 infer on the default model; with the header
                               `X-Vertex-Ai-Triton-Redirect: v2/...` the request goes to that
                               KServe v2 endpoint instead (metadata, config, ready, health, infer
-                              on any model, statistics, repository index, shared-memory status)
+                              on any model, statistics, repository index, shared-memory status);
+                              the value `metrics` answers with the Prometheus metrics page
 
 Vertex AI only sends POST to the predict route, so a redirect to a read-only
 endpoint is served as the GET that endpoint expects. Redirects that would
@@ -25,7 +26,8 @@ from typing import Optional
 
 from kernel.core.errors import KernelError
 from kernel.core.server import Server
-from kernel.transports.asgi import lifespan, send_error, send_status
+from kernel.observe.metrics import MetricsService
+from kernel.transports.asgi import lifespan, send_error, send_response, send_status
 from kernel.transports import cloud
 from kernel.transports.http.app import HttpApp, status_for
 
@@ -33,6 +35,9 @@ log = logging.getLogger("kernel.vertex")
 
 BINARY_MIME = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
 REDIRECT_HEADER = b"x-vertex-ai-triton-redirect"
+# tritonserver answers this redirect value with the metrics endpoint's Prometheus text (a
+# read-only page, so monitoring through the predict route works as it does there).
+METRICS_REDIRECT = "metrics"
 
 _MODEL_READS = ("", "ready", "config", "stats")
 _SHM_ACTIONS = ("status", "register", "unregister")
@@ -115,6 +120,7 @@ class VertexApp:
         self.http_app = http_app
         self.settings = settings
         self.model_name = settings.default_model
+        self._metrics: Optional[MetricsService] = None  # made on the first metrics redirect
 
     def check(self) -> None:
         """Validate the environment and pick the default model (raises ValueError with the reason)."""
@@ -163,6 +169,10 @@ class VertexApp:
             await send_error(send, 405, "Method Not Allowed")
             return
         redirect: Optional[str] = cloud.header(scope, REDIRECT_HEADER)
+        if redirect == METRICS_REDIRECT:
+            await cloud.drain_body(receive)
+            await self._send_metrics(send)
+            return
         if redirect is None:
             path, method = cloud.model_path(self.model_name, "", "infer"), "POST"
         else:
@@ -175,3 +185,9 @@ class VertexApp:
                 return
         headers = cloud.with_header_length(scope, BINARY_MIME)
         await cloud.delegate(self.http_app, scope, receive, send, path, method, headers)
+
+    async def _send_metrics(self, send) -> None:
+        """The metrics page, rendered here: the metrics port may be off or elsewhere (as in Triton)."""
+        if self._metrics is None:
+            self._metrics = MetricsService(self.server, self.server.metrics_config, cpu_metrics=False)
+        await send_response(send, 200, [(b"content-type", b"text/plain; charset=utf-8")], self._metrics.text().encode())
