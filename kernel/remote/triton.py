@@ -206,7 +206,11 @@ class RemoteTriton:
     def is_alive(self) -> bool:
         """Connected, the server still there, and no callable raised PyTritonUnrecoverableError."""
         link = self._link
-        return link is not None and link.alive and self._fatal is None
+        if link is None:
+            # As PyTriton: before connect() it is alive while no bound model waits to be served.
+            with self._cv:
+                return not self._stopped and not self._models
+        return link.alive and self._fatal is None
 
     def is_connected(self) -> bool:
         with self._cv:

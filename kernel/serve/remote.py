@@ -262,10 +262,19 @@ class RemoteBindingService:
 
     async def _load(self, connection: _Connection, message: proto.Bind) -> Optional[str]:
         name, version = message.name, message.version
-        if self.backend.bound(name, version) is not None or name in self.server.registry.entries:
-            entry = self.server.registry.entries.get(name)
-            if entry is None or entry.state.name != "UNAVAILABLE":
-                return f"model '{name}' is already served by this server"
+        entry = self.server.registry.entries.get(name)
+        if entry is not None and entry.state.name != "UNAVAILABLE":
+            # As in PyTriton (whose remote bind loads a new config over the model of that name):
+            # the model served under this name is replaced, whoever bound it.
+            if entry.state.name != "READY":
+                return f"model '{name}' is {entry.state.name.lower()}; bind it again once it is done"
+            try:
+                await self._on(self._front, self.server.control.unload_from_path(name))
+            except KernelError as exc:
+                return exc.message
+            for other in self._connections:
+                other.models.pop(name, None)  # its exit must not unload the model bound now
+            log.warning("Model '%s' is replaced by the one remote process pid %d binds", name, connection.pid)
         folder = self.store / name
         await asyncio.to_thread(_write_model, folder, version, message.config_pbtxt)
         outputs = [_Output(o[0], np.dtype(o[1]), tuple(o[2])) for o in message.outputs]

@@ -98,7 +98,7 @@ SERVER = '''
 '''
 
 BINDER = '''
-    import logging, os
+    import logging, os, time
     import numpy as np
     from kernel.decorators import batch
     from kernel.model_config import ModelConfig, Tensor
@@ -108,6 +108,8 @@ BINDER = '''
     @batch
     def compute(**inputs):
         a, b = inputs.values()
+        if (a < 0).any():
+            time.sleep(30)  # a request still running when the process dies
         return {"OUT": {OPERATION}, "PID": np.full((a.shape[0], 1), os.getpid(), np.int64)}
 
     with RemoteTriton(url="localhost:{PORT}") as remote_triton:
@@ -162,9 +164,24 @@ def test_server_two_remote_binders_and_a_client(tmp_path):
             assert result["OUT"].tolist() == expected
             assert set(result["PID"].ravel()) == {binders[model].pid}  # ran in the binder's process
 
-        # A binder that dies takes only its own model away.
+        # A binder that dies takes only its own model away; its request in flight fails.
+        failures = []
+
+        def slow_call():
+            try:
+                with ModelClient(f"localhost:{http}", "Mul", inference_timeout_s=60) as c:
+                    c.infer_batch(-a, b)
+            except Exception as exc:  # noqa: BLE001 - inspected below
+                failures.append(exc)
+
+        caller = threading.Thread(target=slow_call)
+        caller.start()
+        time.sleep(1.0)
         binders["Mul"].kill()
         binders["Mul"].wait()
+        caller.join(30)
+        assert not caller.is_alive()
+        assert len(failures) == 1 and "disconnected" in str(failures[0])
         assert wait_code(http, "Mul", 400, 20)
         with ModelClient(f"localhost:{http}", "Power") as c:
             assert c.infer_batch(a, b)["OUT"].tolist() == [[1.0], [8.0]]
@@ -294,19 +311,40 @@ def test_errors_reach_the_client_and_only_unrecoverable_ones_unbind(host):
         serving.join(5)
 
 
-def test_bind_after_connect_and_name_conflicts(host):
+def test_bind_after_connect_and_replacing_a_remote_model(host):
     with remote(host) as rt:
-        with pytest.raises(PyTritonModelConfigError, match="already"):
-            rt.bind("local", lambda requests: requests, VEC, OUT)
         rt.bind("r_late", lambda requests: [{"y": r["x"] - 1} for r in requests], VEC, OUT)
-        assert infer(host.http_port, "r_late", X).as_numpy("y").tolist() == [[0.0, 1.0]]
-        with remote(host) as other:
-            with pytest.raises(PyTritonModelConfigError, match="already"):
-                other.bind("r_late", lambda requests: requests, VEC, OUT)
         assert infer(host.http_port, "r_late", X).as_numpy("y").tolist() == [[0.0, 1.0]]
         with pytest.raises(PyTritonInvalidOperationError):
             rt.bind("r_late", lambda requests: requests, VEC, OUT)
+        with remote(host) as other:  # binding a served name replaces the model (PyTriton's remote bind does)
+            other.bind("r_late", lambda requests: [{"y": r["x"] * 10} for r in requests], VEC, OUT)
+            assert infer(host.http_port, "r_late", X).as_numpy("y").tolist() == [[10.0, 20.0]]
+        assert ready_code(host.http_port, "r_late") == 400  # gone with the process that bound it last
+        assert rt.is_alive()
     assert infer(host.http_port, "local", X).as_numpy("y").tolist() == [[2.0, 3.0]]
+
+
+def test_life_cycle_states_and_replacing_a_local_model():
+    """The states PyTriton's remote life-cycle suite checks, and its name clash: a remote bind of the
+    local model's name serves the remote callable, and the name is gone once the remote stops."""
+    cfg = config(allow_remote_binding=True)
+    with Triton(config=cfg, workspace=workspace()) as t:
+        t.bind("clash", lambda requests: [{"y": r["x"]} for r in requests], VEC, OUT)
+        t.bind("empty", lambda: None, [], [])
+        rt = RemoteTriton(url=f"localhost:{cfg.http_port}", workspace=workspace())
+        assert not rt.is_connected() and rt.is_alive()
+        rt.bind("r_empty", lambda: None, [], [])
+        assert not rt.is_connected() and not rt.is_alive()
+        rt.connect()
+        assert rt.is_connected() and rt.is_alive()
+        with ModelClient(f"localhost:{cfg.http_port}", "r_empty", lazy_init=False) as c:
+            assert c.model_config.model_name == "r_empty"
+        rt.bind("clash", lambda requests: [{"y": r["x"] * -1} for r in requests], VEC, OUT)
+        assert infer(cfg.http_port, "clash", X).as_numpy("y").tolist() == [[-1.0, -2.0]]
+        assert rt.stop() is True and not rt.is_connected()
+        assert ready_code(cfg.http_port, "clash") == 400 and ready_code(cfg.http_port, "r_empty") == 400
+        assert ready_code(cfg.http_port, "empty") == 200 and t.is_alive()
 
 
 def test_server_stop_ends_remote_serve():
