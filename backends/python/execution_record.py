@@ -83,5 +83,7 @@ def outcomes(batch: Batch, result, exc, decoupled: bool) -> list:
         if request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
             out.append(None if response is None else False)
         else:
-            out.append(isinstance(response, pb_utils.InferenceResponse) and not response.has_error())
+            # None: answered through the response sender (see Worker._finish).
+            out.append(response is None
+                       or (isinstance(response, pb_utils.InferenceResponse) and not response.has_error()))
     return out

@@ -459,6 +459,10 @@ class Worker:
                         "Expected a None object in the execute function return list for reschduled request, "
                         f"found type '{type(response)}'."))
                 continue
+            if response is None:
+                # As in Triton: this request is answered through its response sender, before
+                # execute returned or later (from a thread): nothing to send for it here.
+                continue
             try:
                 sink.sender._update_state(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except pb_utils.TritonModelException as exc:

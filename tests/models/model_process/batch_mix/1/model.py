@@ -1,0 +1,46 @@
+"""Answers each request of a batch its own way, chosen by its MODE input.
+
+"return": in the list execute returns; "send_before": through the request's
+response sender before execute returns (None in the returned list);
+"send_after": through the sender from a thread, after execute has returned
+(None in the list). OUT = 10 * IN; BATCH = how many requests that execute got.
+"""
+
+import threading
+import time
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _response(request, batch):
+    value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+    return pb_utils.InferenceResponse([
+        pb_utils.Tensor("OUT", (value * 10).astype(np.int32)),
+        pb_utils.Tensor("BATCH", np.full(value.shape, batch, np.int32)),
+    ])
+
+
+def _send_later(request, batch):
+    time.sleep(0.2)
+    request.get_response_sender().send(_response(request, batch), FINAL)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        batch = len(requests)
+        returned = []
+        for request in requests:
+            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy().reshape(-1)[0].decode()
+            if mode == "return":
+                returned.append(_response(request, batch))
+            elif mode == "send_before":
+                request.get_response_sender().send(_response(request, batch), FINAL)
+                returned.append(None)
+            else:
+                threading.Thread(target=_send_later, args=(request, batch)).start()
+                returned.append(None)
+        return returned
