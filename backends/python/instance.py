@@ -228,14 +228,16 @@ class WorkerInstance(BackendInstance):
             return False, f"Stub process '{self.name}' is not healthy."
         if not self._has_is_ready:
             return True, ""
-        key = next(self._keys)
-        fut = asyncio.get_running_loop().create_future()
-        self._ready_checks[key] = fut
-        self.channel.send(messages.CheckReady(key))
+        # One is_ready() at a time: a query arriving while one runs (even one that already
+        # outlived a query's timeout) waits for its answer instead of starting another.
+        check = next(iter(self._ready_checks.values()), None)
+        if check is None:
+            key = next(self._keys)
+            check = self._ready_checks[key] = asyncio.get_running_loop().create_future()
+            self.channel.send(messages.CheckReady(key))
         try:
-            ready, reason = await asyncio.wait_for(fut, self.settings.is_ready_timeout_seconds)
+            ready, reason = await asyncio.wait_for(asyncio.shield(check), self.settings.is_ready_timeout_seconds)
         except asyncio.TimeoutError:
-            self._ready_checks.pop(key, None)
             ready, reason = False, f"is_ready() did not answer within {self.settings.is_ready_timeout_seconds:g} s"
         if not ready:
             log.warning("model instance '%s' is not ready: %s", self.name, reason)
