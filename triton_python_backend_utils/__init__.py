@@ -86,3 +86,11 @@ from ._types import (
 _bls_handler = None
 _metrics_handler = None
 _model_dir = None
+
+# The public classes keep this package as their module (repr, pickling, tracebacks), as before
+# the implementation was split into submodules.
+for _public in (TritonError, TritonModelException, LogLevel, Logger, Metric, MetricFamily, MetricKind,
+                ModelConfig, InferenceRequest, InferenceTrace, PreferredMemory, InferenceResponse,
+                InferenceResponseSender, Tensor):
+    _public.__module__ = __name__
+del _public
