@@ -136,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--id", default="triton", help="server identifier reported by GET /v2")
     a("--exit-timeout-secs", type=parse_int, default=30,
       help="seconds to wait for in-flight requests at shutdown")
+    a("--allow-remote-binding", type=parse_bool, default=False,
+      help="Kernel only: processes of this user on this host may bind models (PyTriton's RemoteTriton)")
 
     a = flag_adder(g["Logging"])
     a("--log-verbose", type=parse_verbose_level, default=0,
@@ -496,7 +498,10 @@ def service_failure(exc: TransportStartError) -> str:
 
 
 async def serve(args) -> int:
+    from kernel.serve.remote import remote_binding_host
+
     server = build_server(args)
+    remote = remote_binding_host(server, args)  # None unless --allow-remote-binding=true
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -504,6 +509,8 @@ async def serve(args) -> int:
     try:
         await server.start()
         await server.start_transports()
+        if remote is not None:
+            await remote.start()
     except TransportStartError as exc:
         log.error("%s", service_failure(exc))
         await server.stop()
@@ -517,7 +524,11 @@ async def serve(args) -> int:
         return 1
     await stop.wait()
     log.info("Received signal, shutting down")
+    if remote is not None:
+        remote.stop_listening()
     await server.stop()
+    if remote is not None:
+        await remote.close()
     return 0
 
 

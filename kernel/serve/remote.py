@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import socket
+import tempfile
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict, List, Optional
 
@@ -358,3 +359,37 @@ async def start_remote_binding(server: Server, backend: CallableBackend, store: 
     service = RemoteBindingService(server, backend, store, ports)
     await service.start()
     return service
+
+
+class RemoteBindingHost:
+    """`kernel serve --allow-remote-binding=true`: the callable backend (installed before the
+    server starts, so model.py models still go to the Python backend through it) and the socket."""
+
+    def __init__(self, server: Server, args):
+        from kernel.serve.bound import install_callable_backend
+
+        self.server = server
+        self.ports = [args.http_port if args.allow_http else None, args.grpc_port if args.allow_grpc else None]
+        self.backend = install_callable_backend(server, [])
+        self.store = Path(tempfile.mkdtemp(prefix="kernel-remote-models-"))
+        self.service: Optional[RemoteBindingService] = None
+
+    async def start(self) -> None:
+        """After the transports: open the socket."""
+        self.service = await start_remote_binding(self.server, self.backend, self.store, self.ports)
+
+    def stop_listening(self) -> None:
+        if self.service is not None:
+            self.service.stop_listening()
+
+    async def close(self) -> None:
+        """After the server has stopped: drop the connections, stop the callables' loop, remove the store."""
+        if self.service is not None:
+            await asyncio.to_thread(self.service.close)
+        await asyncio.to_thread(self.backend.close)
+        await asyncio.to_thread(shutil.rmtree, self.store, True)
+
+
+def remote_binding_host(server: Server, args) -> Optional[RemoteBindingHost]:
+    """The remote-binding host for a `kernel serve` server built from `args`, or None when it is off."""
+    return RemoteBindingHost(server, args) if getattr(args, "allow_remote_binding", False) else None

@@ -397,3 +397,29 @@ def test_other_users_cannot_reach_the_socket(host):
         os._exit(1)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# ---- into `kernel serve` -------------------------------------------------------------------------
+
+
+def test_kernel_serve_allows_remote_binding_only_with_the_flag(start_kernel):
+    from conftest import EXAMPLES
+
+    plain = start_kernel([EXAMPLES]).wait_ready()
+    with pytest.raises(PyTritonInvalidOperationError, match="does not accept remote binding"):
+        with RemoteTriton(url=f"localhost:{plain.http_port}", workspace=workspace()):
+            pass
+    k = start_kernel([EXAMPLES], "--allow-remote-binding=true").wait_ready()
+    with RemoteTriton(url=f"localhost:{k.http_port}", workspace=workspace()) as rt:
+        rt.bind("r_doubled", lambda requests: [{"y": r["x"] * 2} for r in requests], VEC, OUT,
+                config=ModelConfig(max_batch_size=8))
+        assert infer(k.http_port, "r_doubled", X).as_numpy("y").tolist() == [[2.0, 4.0]]
+        with httpclient.InferenceServerClient(f"localhost:{k.http_port}") as c:  # model.py models still served
+            inputs = [httpclient.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+            for t in inputs:
+                t.set_data_from_numpy(np.ones(4, np.float32))
+            assert c.infer("add_sub", inputs).as_numpy("OUTPUT0").tolist() == [2.0] * 4
+    assert ready_code(k.http_port, "r_doubled") == 400
+    assert k.wait_for_log("bound by remote process")
+    assert k.stop() == 0
+    assert not os.path.lexists(proto.socket_path(k.http_port))
