@@ -6,8 +6,9 @@
 
 As in PyTriton's remote mode, the callables run in this process and the models are served by the
 server at `url` for as long as this object is connected; they are unloaded when it stops (or the
-process dies). The server must allow it (TritonConfig(allow_remote_binding=True), or
-PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING=true in its environment), and only processes of the
+process dies). The server must allow it (TritonConfig(allow_remote_binding=True),
+PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING=true in its environment, or `kernel serve
+--allow-remote-binding=true`), and only processes of the
 same user on the same host can: the connection is a Unix socket, so `url` must name this host.
 """
 
@@ -154,8 +155,8 @@ class RemoteTriton:
         except LinkError as exc:
             raise PyTritonInvalidOperationError(
                 f"The server at {self._url.with_scheme} does not accept remote binding ({exc}); start it with "
-                "TritonConfig(allow_remote_binding=True) or PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING=true, "
-                "as the same user on this host"
+                "TritonConfig(allow_remote_binding=True), PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING=true or "
+                "`kernel serve --allow-remote-binding=true`, as the same user on this host"
             ) from None
         with self._cv:
             self._link = link
