@@ -36,6 +36,16 @@ def strictly_sorted(buckets) -> bool:
     return all(a < b for a, b in zip(buckets, buckets[1:]))
 
 
+def _number(value) -> float:
+    """A metric value as Triton's binding converts it: numbers only (a str is a TypeError, not parsed)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError("a metric value must be a number, got " + type(value).__name__)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError("a metric value must be a number, got " + type(value).__name__) from None
+
+
 class MetricKind(enum.IntEnum):
     COUNTER = 0
     GAUGE = 1
@@ -130,7 +140,7 @@ class Metric:
 
     def increment(self, value):
         self._check()
-        value = float(value)
+        value = _number(value)
         if self._kind == MetricKind.HISTOGRAM:
             raise _exception(
                 "Failed to increment metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Increment"
@@ -144,7 +154,7 @@ class Metric:
 
     def set(self, value):
         self._check()
-        value = float(value)
+        value = _number(value)
         if self._kind != MetricKind.GAUGE:
             raise _exception(
                 "Failed to set metric value: TRITONSERVER_METRIC_KIND_%s does not support Set" % self._kind.name
@@ -153,7 +163,7 @@ class Metric:
 
     def observe(self, value):
         self._check()
-        value = float(value)
+        value = _number(value)
         if self._kind != MetricKind.HISTOGRAM:
             raise _exception(
                 "Failed to observe metric value: TRITONSERVER_METRIC_KIND_%s does not support Observe"

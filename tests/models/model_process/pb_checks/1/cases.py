@@ -20,8 +20,16 @@ def _request(**overrides):
     return pb_utils.InferenceRequest(**kwargs)
 
 
-def _family(kind=None):
-    return pb_utils.MetricFamily("pb_checks_family", "d", kind if kind is not None else pb_utils.MetricFamily.COUNTER)
+_KEPT = {}
+
+
+def _metric(kind):
+    """One metric per kind, created once and kept (Triton 2.51 is fragile with metric churn)."""
+    if kind not in _KEPT:
+        family = pb_utils.MetricFamily("pb_checks_" + kind.lower(), "d", getattr(pb_utils.MetricFamily, kind))
+        buckets = [1.0] if kind == "HISTOGRAM" else None
+        _KEPT[kind] = (family, family.Metric(labels={"a": "b"}, buckets=buckets))
+    return _KEPT[kind][1]
 
 
 INITIALIZE = {
@@ -113,6 +121,12 @@ INITIALIZE = {
     "Request request_id bytes": lambda: _request(request_id=b"r"),
     "Request flags bool": lambda: _request(flags=True),
     "Tensor name empty": lambda: pb_utils.Tensor("", A),
+    "Metric increment str": lambda: _metric("COUNTER").increment("x"),
+    "Metric increment int": lambda: _metric("COUNTER").increment(2),
+    "Metric set str": lambda: _metric("GAUGE").set("x"),
+    "Metric set None": lambda: _metric("GAUGE").set(None),
+    "Metric observe str": lambda: _metric("HISTOGRAM").observe("x"),
+    "Metric observe int": lambda: _metric("HISTOGRAM").observe(3),
     "load_model name int": lambda: pb_utils.load_model(1),
     "unload_model name int": lambda: pb_utils.unload_model(1),
     "is_model_ready name int": lambda: pb_utils.is_model_ready(1),
