@@ -114,7 +114,13 @@ class Failed(msgspec.Struct, tag=True):
     unrecoverable: bool = False
 
 
-Message = Union[Hello, Welcome, Bind, Unbind, Answer, Infer, Result, Done, Failed]
+class Cancel(msgspec.Struct, tag=True):
+    """Server -> binding process: nobody waits for call `call` any more (its requests were cancelled)."""
+
+    call: int
+
+
+Message = Union[Hello, Welcome, Bind, Unbind, Answer, Infer, Result, Done, Failed, Cancel]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

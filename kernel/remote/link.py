@@ -63,6 +63,7 @@ class Link:
         self._threads: List[threading.Thread] = []
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._lock = threading.Lock()
+        self._cancelled: set = set()  # calls the server no longer waits for
         self.alive = True
         self._send(proto.Hello(pid=os.getpid()))
         self._sock.settimeout(30)
@@ -101,6 +102,8 @@ class Link:
                 message = self._read()
                 if isinstance(message, proto.Infer):
                     self._dispatch(message)
+                elif isinstance(message, proto.Cancel):
+                    self._cancelled.add(message.call)
                 elif isinstance(message, proto.Answer):
                     answer = self._answers.get(message.name)
                     if answer is not None:
@@ -178,6 +181,9 @@ class Link:
             result = fn(_requests(message))
             if inspect.isgenerator(result):
                 for item in result:
+                    if message.call in self._cancelled:
+                        result.close()  # the generator's finally blocks run now, as in the server's process
+                        break
                     self._result(message.call, item)
             elif inspect.isawaitable(result) or inspect.isasyncgen(result):
                 asyncio.run_coroutine_threadsafe(self._drain(message.call, result), self._async_loop()).result()
@@ -186,6 +192,8 @@ class Link:
         except BaseException as exc:  # noqa: BLE001 - reported to the server as this call's failure
             self._failed(message.call, exc)
             return
+        finally:
+            self._cancelled.discard(message.call)
         self._send_quietly(proto.Done(message.call))
 
     async def _run_async(self, fn: Callable, message: proto.Infer) -> None:
@@ -194,6 +202,8 @@ class Link:
         except BaseException as exc:  # noqa: BLE001
             self._failed(message.call, exc)
             return
+        finally:
+            self._cancelled.discard(message.call)
         self._send_quietly(proto.Done(message.call))
 
     async def _drain(self, call: int, result: Any) -> None:
@@ -201,9 +211,15 @@ class Link:
             result = await result
         if inspect.isasyncgen(result):
             async for item in result:
+                if call in self._cancelled:
+                    await result.aclose()
+                    break
                 self._result(call, item)
         elif inspect.isgenerator(result):
             for item in result:
+                if call in self._cancelled:
+                    result.close()
+                    break
                 self._result(call, item)
         else:
             self._result(call, result)

@@ -79,6 +79,7 @@ class _Connection:
         call = next(self.ids)
         answers: asyncio.Queue = asyncio.Queue()
         self.calls[call] = answers
+        ended = False
         try:
             batch = [
                 proto.RequestData({k: proto.to_array(v) for k, v in r.data.items()}, dict(r.parameters or {}),
@@ -88,6 +89,7 @@ class _Connection:
             await self.send(proto.Infer(call, name, instance, batch))
             while True:
                 answer = await answers.get()
+                ended = answer is _LOST or isinstance(answer, (proto.Done, proto.Failed))
                 if answer is _LOST:
                     raise RemoteCallableError(self._gone())
                 if isinstance(answer, proto.Done):
@@ -97,6 +99,17 @@ class _Connection:
                 yield [{k: proto.from_array(a, writable=False) for k, a in item.items()} for item in answer.responses]
         finally:
             self.calls.pop(call, None)
+            if not ended and self.open:
+                # Closed early (the backend stops reading a stream whose requests were all cancelled):
+                # let the binding process stop its callable too.
+                task = asyncio.ensure_future(self._cancel(call))
+                self.service.background(task)
+
+    async def _cancel(self, call: int) -> None:
+        try:
+            await self.send(proto.Cancel(call))
+        except (RemoteCallableError, ConnectionError):
+            pass
 
     def deliver(self, message) -> None:
         answers = self.calls.get(message.call)
@@ -142,6 +155,7 @@ class RemoteBindingService:
         self._listener: Optional[asyncio.AbstractServer] = None
         self._front: Optional[asyncio.AbstractEventLoop] = None
         self._connections: set = set()
+        self._tasks: set = set()
         self._closing = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -167,6 +181,11 @@ class RemoteBindingService:
         self.store.mkdir(parents=True, exist_ok=True)
         log.info("Remote binding enabled: processes of uid %d on this host may bind models through %s",
                  os.getuid(), folder)
+
+    def background(self, task: asyncio.Future) -> None:
+        """Keep a fire-and-forget task referenced until it is done."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def stop_listening(self) -> None:
         """The server is about to stop: connections that end from now on leave unloading to it."""

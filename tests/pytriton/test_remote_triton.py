@@ -258,6 +258,37 @@ def test_sync_async_and_decoupled_callables(host):
         assert ready_code(host.http_port, model) == 400  # stop() unbound them
 
 
+def test_cancelled_stream_stops_the_remote_generator(host):
+    """A client that cancels a decoupled request stops the generator in the binding process too."""
+    closed = threading.Event()
+    sent = []
+
+    def endless(requests):
+        try:
+            while True:
+                time.sleep(0.05)
+                sent.append(1)
+                yield [{"y": r["x"]} for r in requests]
+        finally:
+            closed.set()
+
+    with remote(host) as rt:
+        rt.bind("r_endless", endless, VEC, OUT, config=ModelConfig(max_batch_size=8, decoupled=True))
+        got = threading.Semaphore(0)
+        client = grpcclient.InferenceServerClient(f"localhost:{host.grpc_port}")
+        client.start_stream(callback=lambda result, error: got.release())
+        x = grpcclient.InferInput("x", list(X.shape), "FP32")
+        x.set_data_from_numpy(X)
+        client.async_stream_infer("r_endless", [x])
+        assert got.acquire(timeout=10) and got.acquire(timeout=10)
+        client.stop_stream(cancel_requests=True)
+        client.close()
+        assert closed.wait(10)
+        count = len(sent)
+        time.sleep(0.3)
+        assert len(sent) == count  # nothing more is produced
+
+
 def test_strings_parameters_and_multiple_instances(host):
     seen = []
 
