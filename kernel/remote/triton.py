@@ -21,6 +21,7 @@ import pathlib
 import signal
 import socket
 import threading
+import time
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -42,6 +43,7 @@ MONITORING_PERIOD_S = 10.0
 SERVER_READY_TIMEOUT_S = 120.0  # PyTriton waits this long for the server at connect()
 LOAD_TIMEOUT_S = 300.0
 UNLOAD_TIMEOUT_S = 30.0
+SOCKET_GRACE_S = 3.0
 MODEL_URL = "/v2/models/{model_name}"
 
 
@@ -149,15 +151,7 @@ class RemoteTriton:
             raise TimeoutError("Triton Inference Server is not ready after timeout.") from exc
         finally:
             client.close()
-        path = proto.socket_path(self._url.port)
-        try:
-            link = Link(path, on_lost=self._on_lost, on_unrecoverable=self._on_unrecoverable)
-        except LinkError as exc:
-            raise PyTritonInvalidOperationError(
-                f"The server at {self._url.with_scheme} does not accept remote binding ({exc}); start it with "
-                "TritonConfig(allow_remote_binding=True), PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING=true or "
-                "`kernel serve --allow-remote-binding=true`, as the same user on this host"
-            ) from None
+        link = self._dial(proto.socket_path(self._url.port))
         with self._cv:
             self._link = link
             models = list(self._models.values())
@@ -165,6 +159,21 @@ class RemoteTriton:
             self._bind_remote(model)
         with self._cv:
             self._connected = True
+
+    def _dial(self, path: pathlib.Path) -> Link:
+        """Connect to the server's binding socket; a server answers ready a moment before it opens it."""
+        deadline = time.monotonic() + SOCKET_GRACE_S
+        while True:
+            try:
+                return Link(path, on_lost=self._on_lost, on_unrecoverable=self._on_unrecoverable)
+            except LinkError as exc:
+                if time.monotonic() >= deadline:
+                    raise PyTritonInvalidOperationError(
+                        f"The server at {self._url.with_scheme} does not accept remote binding ({exc}); start it "
+                        "with TritonConfig(allow_remote_binding=True), PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING="
+                        "true or `kernel serve --allow-remote-binding=true`, as the same user on this host"
+                    ) from None
+            time.sleep(0.1)
 
     def serve(self, monitoring_period_s: float = MONITORING_PERIOD_S) -> None:
         """Serve until Ctrl-C, SIGTERM, stop() from another thread, or the server going away."""
