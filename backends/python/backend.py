@@ -98,12 +98,18 @@ class PythonBackend(Backend):
         return result["config"]
 
     def instance_specs(self, source: ModelSource) -> list[tuple[str, str, int]]:
-        """(instance name, kind, device id) for every instance the config asks for."""
+        """(instance name, kind, device id) for every instance the config asks for.
+
+        A KIND_GPU group gives one instance per (count, GPU), as Triton does: `count: 2 gpus: [0, 1]`
+        is four workers, named "<group>_<c>" (the name repeats across GPUs, as in Triton) and told
+        their device in initialize(args). The config was completed and validated against the
+        server's GPUs (kernel.core.gpu) before this, so KIND_AUTO is resolved and every id exists.
+        """
         specs = []
         for group in source.config.instance_group:
             kind = _KIND_NAMES.get(group.kind, "CPU")
-            if kind == "GPU":
-                # No GPU support yet: Triton refuses GPU instances without GPUs too.
+            if kind == "GPU" and not group.gpus:
+                # Only reached if a config skipped validation; Triton's words for it.
                 raise KernelError(
                     ErrorCode.INVALID_ARG,
                     f"instance group {group.name} of model {source.name} has kind KIND_GPU "
@@ -111,7 +117,10 @@ class PythonBackend(Backend):
                 )
             kind = "CPU" if kind in ("AUTO", "CPU") else kind
             for i in range(group.count or 1):
-                specs.append((f"{group.name}_{i}", f"KIND_{kind}", 0))
+                if kind == "GPU":
+                    specs.extend((f"{group.name}_{i}", "KIND_GPU", gpu) for gpu in group.gpus)
+                else:
+                    specs.append((f"{group.name}_{i}", f"KIND_{kind}", 0))
         return specs
 
     async def load(self, source: ModelSource) -> list[BackendInstance]:

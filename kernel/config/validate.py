@@ -198,6 +198,10 @@ def _not_written_message(output: str, ensemble: str, producers: dict[str, set[st
     return message
 
 
+# The lowest CUDA compute capability Triton places instances on (its default), quoted in its message.
+MIN_COMPUTE_CAPABILITY = 6.0
+
+
 def _validate_instance_groups(cfg: ModelConfig, gpus: Sequence[int]) -> None:
     if cfg.HasField("ensemble_scheduling"):
         return
@@ -216,8 +220,12 @@ def _validate_instance_groups(cfg: ModelConfig, gpus: Sequence[int]) -> None:
                 raise invalid(f"{where} has kind KIND_GPU but {detail}")
             for gid in group.gpus:
                 if gid not in available:
+                    # tritonserver 2.51's words (6.0 is its --min-supported-compute-capability default).
                     listed = ", ".join(str(g) for g in sorted(available))
-                    raise invalid(f"{where} specifies invalid or unsupported gpu id {gid}. Available GPUs are: {listed}")
+                    raise invalid(
+                        f"{where} specifies invalid or unsupported gpu id {gid}. GPUs with at least the minimum "
+                        f"required CUDA compute compatibility of {MIN_COMPUTE_CAPABILITY:f} are: {listed}"
+                    )
         else:
             raise KernelError(ErrorCode.INTERNAL, f"{where} has unexpected kind {KIND.Name(group.kind)}")
         if group.profile and cfg.platform != "tensorrt_plan":

@@ -1,4 +1,4 @@
-"""Client shared-memory regions: the system (and, later, CUDA) shared-memory extensions.
+"""Client shared-memory regions: the system and CUDA shared-memory extensions.
 
 A client creates a POSIX shared-memory object, registers a window of it under
 a region name, and then names that region in a request's tensor parameters
@@ -19,13 +19,18 @@ Unregistering drops the registry's descriptor at once; a request still in
 flight keeps its output windows (each holds the descriptor) and lets go of
 them when it finishes, which closes it. So no write can ever reach a
 descriptor number that was closed and reused for something else.
+
+CUDA regions (kernel.core.cuda_shared_memory) live in the same namespace and go through the
+same bounds checks and window lifetime; only how their bytes are reached differs.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from typing import Optional
 
+from kernel.core.cuda_shared_memory import CudaOutputWindow, CudaRegion, CudaRegions, IpcOpener
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 
@@ -110,8 +115,10 @@ def _open_key(key: str) -> int:
 class SharedMemoryManager:
     """The server's registered client regions, by name (system and CUDA share one namespace)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda_opener: Optional[IpcOpener] = None) -> None:
         self._system: dict[str, SystemRegion] = {}
+        # CUDA regions; cuda_opener replaces the CuPy IPC opener (tests inject a host-backed one).
+        self.cuda = CudaRegions(cuda_opener)
 
     # ---- system shared memory ----------------------------------------------
 
@@ -120,7 +127,7 @@ class SharedMemoryManager:
             raise KernelError(
                 ErrorCode.INVALID_ARG, "'region name' is necessary to register system shared memory region"
             )
-        if name in self._system:
+        if name in self._system or name in self.cuda:
             raise KernelError(ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
         try:
             fd = _open_key(key)
@@ -150,36 +157,29 @@ class SharedMemoryManager:
             raise KernelError(ErrorCode.NOT_FOUND, f"Unable to find system shared memory region: '{name}'")
         return [region.status()]
 
-    # ---- CUDA shared memory: not yet (the CUDA path is a later issue) ---------
+    # ---- CUDA shared memory (kernel/core/cuda_shared_memory.py) -----------------
 
-    def register_cuda(self, name: str) -> None:
-        if not _gpu_present():
-            raise KernelError(
-                ErrorCode.INVALID_ARG, f"failed to register CUDA shared memory region: '{name}', GPUs not supported"
-            )
-        raise KernelError(
-            ErrorCode.UNSUPPORTED,
-            f"failed to register CUDA shared memory region: '{name}', "
-            "CUDA shared memory is not supported by Kernel yet",
-        )
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        if name and name in self._system:
+            raise KernelError(ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+        self.cuda.register(name, raw_handle, device_id, byte_size)
 
     def unregister_cuda(self, name: str = "") -> None:
-        """No CUDA region can exist, so there is nothing to forget (not an error, as in Triton)."""
+        """Forget one CUDA region ('' = all); an unknown name is not an error, as in Triton."""
+        self.cuda.unregister(name)
 
     def cuda_status(self, name: str = "") -> list[dict]:
-        if not name:
-            return []
-        if name in self._system:
+        if name and name in self._system:
             raise KernelError(
                 ErrorCode.NOT_FOUND,
                 f"The region named '{name}' is registered as system shared memory, not CUDA shared memory",
             )
-        raise KernelError(ErrorCode.NOT_FOUND, f"Unable to find cuda shared memory region: '{name}'")
+        return self.cuda.status(name)
 
     # ---- tensors -------------------------------------------------------------
 
-    def _window(self, name: str, offset: int, byte_size: int) -> SystemRegion:
-        region = self._system.get(name)
+    def _window(self, name: str, offset: int, byte_size: int) -> "SystemRegion | CudaRegion":
+        region = self._system.get(name) or self.cuda.get(name)
         if region is None:
             raise KernelError(ErrorCode.NOT_FOUND, f"Unable to find shared memory region: '{name}'")
         size = region.byte_size
@@ -197,24 +197,25 @@ class SharedMemoryManager:
         KernelError(INVALID_ARG) when the object no longer holds them (the client shrank it).
         """
         region = self._window(name, offset, byte_size)
+        if isinstance(region, CudaRegion):
+            return region.read(offset, byte_size)  # device -> host copy
         at = region.offset + offset
         data = os.pread(region.file.fd, byte_size, at) if byte_size else b""
         if len(data) != byte_size:
             raise region.shrunk(at, byte_size)
         return data
 
-    def output_window(self, name: str, offset: int, byte_size: int) -> OutputWindow:
+    def output_window(self, name: str, offset: int, byte_size: int) -> "OutputWindow | CudaOutputWindow":
         """Where an output goes: [offset, offset + byte_size) of region `name`, bounds-checked."""
         region = self._window(name, offset, byte_size)
+        if isinstance(region, CudaRegion):
+            return CudaOutputWindow(region, offset, byte_size)
         return OutputWindow(region, region.offset + offset, byte_size)
 
     def close(self) -> None:
         """Forget every region (server shutdown)."""
         self.unregister_system()
-
-
-def _gpu_present() -> bool:
-    return os.path.exists("/dev/nvidiactl")
+        self.unregister_cuda()
 
 
 # ---- per request: the windows it holds; outputs copied in when a response arrives ----
@@ -231,7 +232,7 @@ class RequestWindows:
 
     def hold(self, window):
         """Keep an output window until the request ends (an input's bytes are a copy: nothing to hold)."""
-        if isinstance(window, OutputWindow):
+        if isinstance(window, (OutputWindow, CudaOutputWindow)):
             self.held.append(window)
         return window
 

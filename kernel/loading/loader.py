@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional
 from kernel.config import pbtxt as config_pbtxt
 from kernel.core.backend import Backend, ModelSource
 from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.gpu import visible_gpu_ids
 from kernel.core.model import Model, ModelState
 from kernel.core.scheduling import make_scheduler
 from kernel.core.scheduling.ensemble import wait_for_steps
@@ -69,7 +70,10 @@ class ModelLoader:
             config_pbtxt.validate_config(cfg)
             return cfg
         backend = self._backend_for(cfg, md)
-        config_pbtxt.normalize_config(cfg, md.name, model_path=md.path)
+        # KIND_AUTO / KIND_GPU groups are resolved against the GPUs this server sees (probed lazily:
+        # a CPU box only stats a device file).
+        gpus = visible_gpu_ids()
+        config_pbtxt.normalize_config(cfg, md.name, model_path=md.path, gpus=gpus)
         if not self.server.options.disable_auto_complete_config and not (
             self.server.options.strict_model_config and md.config_path is not None
         ):
@@ -78,8 +82,8 @@ class ModelLoader:
                 completed = await backend.auto_complete(self._source(md, cfg, latest))
                 if completed is not None:
                     config_pbtxt.apply_autocomplete(cfg, config_pbtxt.config_from_dict(completed))
-                    config_pbtxt.normalize_config(cfg, md.name, model_path=md.path)
-        config_pbtxt.validate_config(cfg)
+                    config_pbtxt.normalize_config(cfg, md.name, model_path=md.path, gpus=gpus)
+        config_pbtxt.validate_config(cfg, gpus=gpus)
         return cfg
 
     def _backend_for(self, cfg, md: repository.ModelDir) -> Backend:

@@ -31,6 +31,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from kernel.core import stats as st
+from kernel.core.gpu import NvmlReader
+from kernel.observe.gpu_metrics import gpu_families
 
 log = logging.getLogger("kernel.core.server")
 
@@ -482,10 +484,11 @@ class CpuSampler:
 class ServerCollector(Collector):
     """Builds the `nv_*` families from the server's statistics at scrape time."""
 
-    def __init__(self, server, config: MetricsConfig, cpu: Optional[CpuSampler]) -> None:
+    def __init__(self, server, config: MetricsConfig, cpu: Optional[CpuSampler], gpu=None) -> None:
         self.server = server
         self.config = config
         self.cpu = cpu
+        self.gpu = gpu  # .read() -> kernel.core.gpu.GpuReading list
 
     def collect(self):
         models = [m for m in self.server.registry.all_models() if m.ready]
@@ -553,6 +556,7 @@ class ServerCollector(Collector):
                 g = Metric(name, doc, "gauge")
                 g.add_sample(name, {}, value)
                 yield g
+        yield from gpu_families(self.gpu)
         yield from custom.collect((GAUGE,))
         if first is not None and first.samples:
             yield first
@@ -626,13 +630,14 @@ class MetricsService:
     """What the metrics transport serves: the registry and its text form."""
 
     def __init__(self, server, config: Optional[MetricsConfig] = None, cpu_metrics: bool = True,
-                 interval_ms: int = 2000) -> None:
+                 interval_ms: int = 2000, gpu_reader=None) -> None:
         self.server = server
         self.config = config or MetricsConfig()
         self.cpu = CpuSampler() if cpu_metrics else None
         self.interval_s = max(1, interval_ms) / 1000.0
+        gpu = (gpu_reader or NvmlReader()) if cpu_metrics else None  # GPU metrics go with the CPU ones
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ServerCollector(server, self.config, self.cpu))
+        self.registry.register(ServerCollector(server, self.config, self.cpu, gpu))
         self._timer = None
 
     def start_polling(self, loop) -> None:

@@ -157,7 +157,8 @@ class InferenceService:
         return pb.CudaSharedMemoryStatusResponse(regions={region["name"]: region for region in regions})
 
     def CudaSharedMemoryRegister(self, msg) -> pb.CudaSharedMemoryRegisterResponse:
-        self.server.shared_memory.register_cuda(msg.name)
+        # raw_handle is the cudaIpcMemHandle_t's 64 bytes themselves (tritonclient base64-decodes it).
+        self.server.shared_memory.register_cuda(msg.name, msg.raw_handle, msg.device_id, msg.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
     def CudaSharedMemoryUnregister(self, msg) -> pb.CudaSharedMemoryUnregisterResponse:

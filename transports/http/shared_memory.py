@@ -7,11 +7,14 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any, Optional
 
 import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.cuda_shared_memory import IPC_HANDLE_SIZE
 from kernel.core.shared_memory import SharedMemoryManager
 from kernel.transports.asgi import send_error, send_json, send_status
 
@@ -71,7 +74,8 @@ async def handle(app, path: str, method: str, receive, send) -> None:
     if body is None:
         return  # client went away
     if cuda:
-        shm.register_cuda(name)  # refuses: Kernel has no CUDA shared memory yet
+        shm.register_cuda(name, *_cuda_register_request(body))
+        await send_status(send, 200)
         return
     key, offset, byte_size = _register_request(body)
     shm.register_system(name, key, offset, byte_size)
@@ -102,6 +106,41 @@ def _register_request(body: bytes) -> tuple[str, int, int]:
     if not _is_uint(byte_size):
         raise _bad("Unable to parse 'byte_size': attempt to access JSON non-unsigned-integer as unsigned-integer")
     return key, offset, byte_size
+
+
+def _cuda_register_request(body: bytes) -> tuple[bytes, int, int]:
+    """(raw_handle, device_id, byte_size) from a `$cuda_shared_memory_register_request` body.
+
+    tritonclient sends {"raw_handle": {"b64": <base64 cudaIpcMemHandle_t>}, "device_id": N,
+    "byte_size": N}. The checks and messages follow tritonserver 2.51's, in its order; where it
+    answers 500 for a malformed body, Kernel answers 400, as for the system register.
+    """
+    if not body:
+        raise _bad("failed to parse the request JSON buffer: The document is empty.")
+    try:
+        doc: Any = _decode_body.decode(body)
+    except msgspec.DecodeError as exc:
+        raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict) or "raw_handle" not in doc:
+        raise _bad("Shared memory register request has no 'raw_handle' field")
+    handle = doc["raw_handle"]
+    if not isinstance(handle, dict) or "b64" not in handle:
+        raise _bad("attempt to access non-existing object member 'b64'")
+    b64 = handle["b64"]
+    if not isinstance(b64, str):
+        raise _bad("attempt to access JSON non-string as string")
+    for field in ("device_id", "byte_size"):
+        if field not in doc:
+            raise _bad(f"attempt to access non-existing object member '{field}'")
+        if not _is_uint(doc[field]):
+            raise _bad("attempt to access JSON non-unsigned-integer as unsigned-integer")
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != IPC_HANDLE_SIZE:
+        raise _bad("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+    return raw, doc["device_id"], doc["byte_size"]
 
 
 def _is_uint(value) -> bool:
