@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from kernel.core import stats as st
 from kernel.core.gpu import NvmlReader
 from kernel.observe.gpu_metrics import gpu_families
+from kernel.observe import cache_metrics
 
 log = logging.getLogger("kernel.core.server")
 
@@ -65,31 +66,6 @@ _LATENCY_COUNTERS = (
     ("nv_inference_compute_output_duration_us",
      "Cumulative inference compute output duration in microseconds (does not include cached requests)",
      "compute_output_ns"),
-)
-# Response cache (kernel.core.cache), with Triton's names and help texts. Per model version,
-# for versions whose config enables response_cache (reported even when the server runs without
-# a cache, as Triton does): (family, help, ModelStats count attribute, ns attribute or None).
-_CACHE_COUNTERS = (
-    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit_count", None),
-    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", None, "cache_hit_ns"),
-    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss_count", None),
-    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
-     None, "cache_miss_ns"),
-)
-# The server's cache as a whole, when --cache-config sets one up: (family, help, value of a
-# kernel.core.cache.ResponseCache). Triton 2.51 registers these but leaves all but nv_cache_util
-# at 0 for its local cache; Kernel reports the real numbers.
-_CACHE_GAUGES = (
-    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", lambda c: c.utilization),
-    ("nv_cache_num_entries", "Number of responses stored in response cache", lambda c: c.entries),
-    ("nv_cache_num_hits", "Number of cache hits in response cache", lambda c: c.hits),
-    ("nv_cache_num_misses", "Number of cache misses in response cache", lambda c: c.misses),
-    ("nv_cache_num_lookups", "Number of cache lookups in response cache", lambda c: c.lookups),
-    ("nv_cache_num_evictions", "Number of cache evictions in response cache", lambda c: c.evictions),
-    ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
-     lambda c: c.lookup_ns // 1000),
-    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
-     lambda c: c.insertion_ns // 1000),
 )
 _SUMMARIES = (
     ("nv_inference_request_summary_us",
@@ -499,8 +475,7 @@ class ServerCollector(Collector):
         if self.config.counter_latencies:
             for name, doc, _ in _LATENCY_COUNTERS:
                 counters[name] = Metric(name, doc, "counter")
-        for name, doc, _, _ in _CACHE_COUNTERS:
-            counters[name] = Metric(name, doc, "counter")
+        counters.update(cache_metrics.model_counters())
         pending = Metric("nv_inference_pending_request_count",
                          "Instantaneous number of pending requests awaiting execution per-model.", "gauge")
         load_time = Metric("nv_model_load_duration_secs", "Model load time in seconds", "gauge")
@@ -521,10 +496,7 @@ class ServerCollector(Collector):
             if self.config.counter_latencies:
                 for name, _, attr in _LATENCY_COUNTERS:
                     counters[name].add_sample(name, labels, getattr(s, attr) // 1000)
-            if m.config.response_cache.enable:
-                for name, _, count_attr, ns_attr in _CACHE_COUNTERS:
-                    value = getattr(s, count_attr) if count_attr else getattr(s, ns_attr) // 1000
-                    counters[name].add_sample(name, labels, value)
+            cache_metrics.add_model_samples(counters, m, labels)
             scheduler = m.scheduler
             pending.add_sample("nv_inference_pending_request_count", labels,
                                scheduler.pending_count() if scheduler is not None else 0)
@@ -541,12 +513,7 @@ class ServerCollector(Collector):
         for g in (pending, load_time):
             if g.samples:
                 yield g
-        cache = getattr(self.server, "response_cache", None)
-        if cache is not None:
-            for name, doc, value in _CACHE_GAUGES:
-                g = Metric(name, doc, "gauge")
-                g.add_sample(name, {}, value(cache))
-                yield g
+        yield from cache_metrics.server_gauges(getattr(self.server, "response_cache", None))
         if self.cpu is not None:
             for name, doc, value in (
                 ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", self.cpu.utilization),
@@ -563,6 +530,7 @@ class ServerCollector(Collector):
         yield from custom.collect((HISTOGRAM,))
         if summaries is not None:
             yield from (s for s in summaries if s.samples)
+
 
 
 def model_labels(model) -> dict[str, str]:
