@@ -61,3 +61,35 @@ async def test_asyncio_times_out_waiting_for_the_next_response(grpc_url):
         assert got == [0]
         assert time.monotonic() - started < 1.5
         assert await _collect(client, [0]) == [0]  # the client still works
+
+
+def test_issue_scenario_with_a_bound_generator():
+    """The issue's model, bound in-process: 0.1 s before each of two responses, inference_timeout_s=0.1."""
+    import asyncio
+    import tempfile
+    from pathlib import Path
+
+    from conftest import free_ports
+    from kernel.model_config import ModelConfig, Tensor
+    from kernel.triton import Triton, TritonConfig
+
+    def two_slow_responses(requests):
+        for i in range(2):
+            time.sleep(0.1)
+            yield [{"y": r["x"] + i} for r in requests]
+
+    http, grpc, metrics = free_ports(3)
+    workspace = Path(tempfile.mkdtemp(prefix="kernel-decoupled-")) / "ws"
+    with Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics), workspace=workspace) as t:
+        t.bind("two_slow", two_slow_responses, [Tensor(name="x", dtype=np.float32, shape=(1,))],
+               [Tensor(name="y", dtype=np.float32, shape=(1,))], config=ModelConfig(max_batch_size=4, decoupled=True))
+        x = np.array([1.0], np.float32)
+        with DecoupledModelClient(f"grpc://localhost:{grpc}", "two_slow", inference_timeout_s=0.1) as client:
+            assert [r["y"].tolist() for r in client.infer_sample(x=x)] == [[1.0], [2.0]]
+
+        async def gaps_within_the_limit():
+            async with AsyncioDecoupledModelClient(f"grpc://localhost:{grpc}", "two_slow",
+                                                   inference_timeout_s=1.0) as client:
+                return [r["y"].tolist() async for r in client.infer_sample(x=x)]
+
+        assert asyncio.run(gaps_within_the_limit()) == [[1.0], [2.0]]
