@@ -124,6 +124,7 @@ class PythonBackend(Backend):
         return specs
 
     async def load(self, source: ModelSource) -> list[BackendInstance]:
+        force_cpu_only_input_tensors(source.config)
         specs = self.instance_specs(source)
         command = await self.envs.command_for(source)
         instances = [WorkerInstance(source, name, kind, dev, self.settings, self.core) for name, kind, dev in specs]
@@ -218,4 +219,22 @@ class PythonBasedBackend(PythonBackend):
             bundled = self.directory / f"pb_exec_env_{config.runtime}.tar.gz"
             if bundled.is_file():
                 config.parameters[EXECUTION_ENV_PATH].string_value = str(bundled)
+
+
+def force_cpu_only_input_tensors(config) -> bool:
+    """The model's FORCE_CPU_ONLY_INPUT_TENSORS parameter: "yes" (the default) or "no", as Triton reads it.
+
+    Inputs reach a Kernel worker in host memory either way (a CUDA shared-memory input is copied to
+    the host), so "no" changes nothing yet; it is read so that a bad value fails the load in
+    tritonserver 2.51's words and "no" logs its line, as there.
+    """
+    param = config.parameters.get("FORCE_CPU_ONLY_INPUT_TENSORS")
+    if param is None or param.string_value == "yes":
+        return True
+    if param.string_value == "no":
+        log.info("Input tensors can be both in CPU and GPU. FORCE_CPU_ONLY_INPUT_TENSORS is off.")
+        return False
+    raise KernelError(
+        ErrorCode.UNSUPPORTED, f"Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: {param.string_value}'"
+    )
 

@@ -49,9 +49,23 @@ def pack_tensor(tensor, arena) -> messages.Tensor:
     if datatype == "BYTES":
         raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
     else:
-        arr = np.ascontiguousarray(arr)
+        arr = np.ascontiguousarray(host_array(arr))
         raw = memoryview(arr).cast("B") if arr.size else b""
     return wire.pack(tensor.name(), datatype, arr.shape, raw, arena)
+
+
+def host_array(arr):
+    """`arr` in host memory: a GPU array (a pb_utils.Tensor made from a CuPy/torch CUDA array through
+    DLPack) is copied device -> host, since tensors travel to the front in host memory for now.
+
+    Why a copy: handing the front a CUDA IPC handle instead (bytes never visiting host memory) is
+    the GPU follow-up of issue 19; until then a GPU output still reaches the client correctly.
+    """
+    if isinstance(arr, np.ndarray) or not hasattr(arr, "__cuda_array_interface__"):
+        return arr
+    if hasattr(arr, "get"):  # CuPy
+        return arr.get()
+    return np.from_dlpack(arr.cpu()) if hasattr(arr, "cpu") else np.asarray(arr)
 
 
 def response_message(sink: ResponseSink, response, final: bool, arena) -> messages.Response:

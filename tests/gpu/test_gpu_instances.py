@@ -14,9 +14,11 @@ import json
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from conftest import EXAMPLES
 from kernel.config import pbtxt as config_pbtxt
 from kernel.core import gpu
 from kernel.core.errors import KernelError
@@ -101,14 +103,55 @@ def test_instances_on_two_fake_gpus(start_kernel, two_gpu_repo):
             "compatibility of 6.000000 are: 0, 1") in k.log()
 
 
+BLS_GPU_PREFERRED = textwrap.dedent('''
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().astype(np.float32)
+                bls = pb_utils.InferenceRequest(
+                    model_name="add_sub", requested_output_names=["OUTPUT0"],
+                    inputs=[pb_utils.Tensor("INPUT0", np.repeat(x, 4)), pb_utils.Tensor("INPUT1", np.ones(4, np.float32))],
+                    preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0))
+                reply = bls.exec()
+                if reply.has_error():
+                    raise pb_utils.TritonModelException(reply.error().message())
+                out = pb_utils.get_output_tensor_by_name(reply, "OUTPUT0")
+                value = np.array([int(out.as_numpy()[0]) * 10 + int(out.is_cpu())], np.int32)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+            return responses
+''')
+
+
 def test_no_gpu_refuses_kind_gpu_in_tritons_words(start_kernel, tmp_path):
     for name, group in [("gpu", "instance_group [{ kind: KIND_GPU, count: 1 }]"),
                         ("gpu_ids", "instance_group [{ kind: KIND_GPU, count: 2, gpus: [0, 1] }]"),
                         ("auto_ids", "instance_group [{ kind: KIND_AUTO, count: 1, gpus: [0] }]"),
                         ("auto", "instance_group [{ kind: KIND_AUTO, count: 1 }]")]:
         model(tmp_path, name, group)
-    k = start_kernel([tmp_path], "--exit-on-error=false", "--strict-readiness=false", env={gpu.OVERRIDE_ENV: ""}).wait_ready()
+    for value in ("maybe", "no"):
+        model(tmp_path, f"force_{value}",
+              f'parameters {{ key: "FORCE_CPU_ONLY_INPUT_TENSORS" value {{ string_value: "{value}" }} }}')
+    bls = model(tmp_path, "bls_gpu_preferred", "")
+    (bls / "1" / "model.py").write_text(BLS_GPU_PREFERRED)
+    names = ["gpu", "gpu_ids", "auto_ids", "auto", "force_maybe", "force_no", "bls_gpu_preferred", "add_sub"]
+    k = start_kernel([tmp_path, EXAMPLES], "--exit-on-error=false", "--strict-readiness=false",
+                     "--model-control-mode=explicit", *(f"--load-model={n}" for n in names),
+                     env={gpu.OVERRIDE_ENV: ""}).wait_ready()
     log = k.log()
+    # FORCE_CPU_ONLY_INPUT_TENSORS, as tritonserver 2.51 reads it
+    assert "Incorrect value for FORCE_CPU_ONLY_INPUT_TENSORS: maybe'" in log
+    assert "Input tensors can be both in CPU and GPU. FORCE_CPU_ONLY_INPUT_TENSORS is off." in log
+    assert inits(tmp_path / "force_no") == [("force_no_0", "CPU", "0")]
+    # BLS with preferred_memory GPU on a machine without one: served, outputs on the CPU
+    c = httpclient.InferenceServerClient(k.url)
+    x = httpclient.InferInput("IN", [1], "INT32")
+    x.set_data_from_numpy(np.array([4], np.int32))
+    assert c.infer("bls_gpu_preferred", [x]).as_numpy("OUT").tolist() == [51]  # (4 + 1) * 10 + is_cpu
+    c.close()
     # tritonserver 2.51 on this box says these, after "failed to load '<model>' version 1: Invalid argument: "
     for line in [
         "instance group gpu_0 of model gpu has kind KIND_GPU but no GPUs are available",
