@@ -73,20 +73,18 @@ async def _warm_instance(model, instance) -> None:
     for sample in samples:
         for _ in range(max(1, sample.count)):
             requests = sample.requests(model)
-            batch_size = max(1, sample.batch_size)
-            try:
-                if batch_size > max(1, model.max_batch_size):
-                    raise KernelError(
-                        ErrorCode.INVALID_ARG,
-                        "".join(f"batch size {batch_size} for '{instance.name}', max allowed is {model.max_batch_size}; "
-                                for _ in range(batch_size))[:-2])
-                for r in requests:
-                    model.validate(r)  # a sample that does not fit the model fails like a bad request would
-            except KernelError as exc:
-                errors = [exc.message]
+            if len(requests) > max(1, model.max_batch_size):  # each request is refused, as in Triton
+                errors = [f"batch size {len(requests)} for '{instance.name}', max allowed is {model.max_batch_size}"
+                          ] * len(requests)
             else:
-                responses = await _execute(instance, requests)
-                errors = [r.error.message for r in responses if r.error is not None]
+                try:
+                    for r in requests:
+                        model.validate(r)  # a sample that does not fit the model fails like a bad request would
+                except KernelError as exc:
+                    errors = [exc.message]
+                else:
+                    responses = await _execute(instance, requests)
+                    errors = [r.error.message for r in responses if r.error is not None]
             if errors:
                 raise KernelError(
                     ErrorCode.INVALID_ARG,
