@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -27,10 +28,12 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Dict, List, Optional
 
 import numpy as np
+from google.protobuf import text_format
 
 from kernel.backends.callable import BoundModel, CallableBackend
 from kernel.core.errors import KernelError
 from kernel.core.server import Server
+from kernel.protos import model_config_pb2
 from kernel.proxy import remote as proto
 
 log = logging.getLogger("kernel.remote")
@@ -282,6 +285,9 @@ class RemoteBindingService:
 
     async def _load(self, connection: _Connection, message: proto.Bind) -> Optional[str]:
         name, version = message.name, message.version
+        problem = _check_bind(message)
+        if problem is not None:
+            return problem
         entry = self.server.registry.entries.get(name)
         if entry is not None and entry.state.name != "UNAVAILABLE":
             # As in PyTriton (whose remote bind loads a new config over the model of that name):
@@ -342,6 +348,27 @@ class RemoteBindingService:
         await asyncio.to_thread(shutil.rmtree, self.store / name, True)
         log.info("Model '%s' of remote process pid %d unloaded", name, connection.pid)
         return error
+
+
+_MODEL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+
+def _check_bind(message: proto.Bind) -> Optional[str]:
+    """What the server will not take from a binding process, whatever its own checks did: a name that
+    is not a plain folder name, or a config that asks for anything but the callable backend."""
+    if not _MODEL_NAME.match(message.name) or message.name in (".", ".."):
+        return f"invalid model name {message.name!r}"
+    if not 0 <= message.version < 2**63:
+        return f"invalid model version {message.version}"
+    try:
+        config = text_format.Parse(message.config_pbtxt, model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:
+        return f"invalid model configuration: {exc}"
+    if config.backend not in ("", "python") or config.platform or config.name not in ("", message.name):
+        return "a bound model's configuration must name the model and the python backend only"
+    if "EXECUTION_ENV_PATH" in config.parameters:
+        return "a bound model cannot set EXECUTION_ENV_PATH"
+    return None
 
 
 async def _read(reader: asyncio.StreamReader) -> proto.Message:

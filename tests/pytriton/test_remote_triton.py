@@ -454,3 +454,45 @@ def test_kernel_serve_allows_remote_binding_only_with_the_flag(start_kernel):
     assert k.wait_for_log("bound by remote process")
     assert k.stop() == 0
     assert not os.path.lexists(proto.socket_path(k.http_port))
+
+
+def _raw_exchange(sock, message):
+    import socket as socket_module  # noqa: F401 - the caller's socket
+
+    sock.sendall(proto.frame(message))
+    header = b""
+    while len(header) < proto.HEADER_BYTES:
+        chunk = sock.recv(proto.HEADER_BYTES - len(header))
+        assert chunk, "the server closed the connection"
+        header += chunk
+    body = b""
+    length = proto.frame_length(header)
+    while len(body) < length:
+        body += sock.recv(length - len(body))
+    return proto.decode(body)
+
+
+def test_server_checks_what_a_binding_process_sends(host):
+    """The server does not trust the binding process's own checks: no path-like names, no other backends,
+    and a peer sending garbage only loses its own connection."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(proto.socket_path(host.http_port)))
+        assert _raw_exchange(s, proto.Hello(pid=os.getpid())).error is None
+        for name, config_text, expected in (
+            ("../escape", 'backend: "python"', "invalid model name"),
+            ("r_onnx", 'backend: "onnxruntime"', "python backend only"),
+            ("r_env", 'backend: "python" parameters { key: "EXECUTION_ENV_PATH" value { string_value: "/x.tar.gz" } }',
+             "EXECUTION_ENV_PATH"),
+        ):
+            answer = _raw_exchange(s, proto.Bind(name, 1, config_text, [], False, False, False, 1))
+            assert isinstance(answer, proto.Answer) and expected in (answer.error or ""), answer
+        assert not (Path(tempfile.gettempdir()) / "escape").exists()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(str(proto.socket_path(host.grpc_port)))
+        assert _raw_exchange(s, proto.Hello(pid=os.getpid())).error is None
+        s.sendall(b"\x00\x00\x00\x05garbage")
+        s.settimeout(10)
+        assert s.recv(1) == b""  # dropped
+    assert infer(host.http_port, "local", X).as_numpy("y").tolist() == [[2.0, 3.0]]
