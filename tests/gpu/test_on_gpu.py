@@ -1,0 +1,315 @@
+"""Issue 19 on a real GPU: what the CPU tests (the rest of tests/gpu) cannot show.
+
+Skipped with the reason "no GPU" where nvidia-smi, CuPy or a CUDA device is missing, so CI and the
+developers' machines name them as skipped. On a GPU machine with the extra installed
+(`pip install -e '.[gpu]'`: cupy-cuda12x, nvidia-ml-py; `pip install 'tritonclient[all]'` brings
+cuda-python for tritonclient.utils.cuda_shared_memory) run:
+
+    .venv/bin/python -m pytest -v -s tests/gpu/test_on_gpu.py
+
+`-s` shows the timings the closing note of issue 19 quotes. Each test starts its own `kernel serve`
+(real GPU discovery: no KERNEL_GPU_IDS override) over model folders written into a temp dir.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import os
+import shutil
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernel.core import gpu
+
+
+def _gpu_count() -> int:
+    if shutil.which("nvidia-smi") is None or importlib.util.find_spec("cupy") is None:
+        return 0
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no driver / no device
+        return 0
+
+
+GPUS = _gpu_count()
+pytestmark = pytest.mark.skipif(GPUS == 0, reason="no GPU (nvidia-smi, CuPy or a CUDA device is absent)")
+
+ADD_SUB_CONFIG = '''
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [
+  {{ name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] }},
+  {{ name: "INPUT1", data_type: TYPE_FP32, dims: [ -1 ] }}
+]
+output [
+  {{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] }},
+  {{ name: "OUTPUT1", data_type: TYPE_FP32, dims: [ -1 ] }}
+]
+{extra}
+'''
+
+# add_sub whose instance reports where it runs, and computes on its GPU through DLPack.
+GPU_ADD_SUB = textwrap.dedent('''
+    import cupy as cp
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            assert args["model_instance_kind"] == "GPU", args["model_instance_kind"]
+            self.device = int(args["model_instance_device_id"])
+
+        def execute(self, requests):
+            responses = []
+            with cp.cuda.Device(self.device):
+                for request in requests:
+                    ins = [pb_utils.get_input_tensor_by_name(request, n) for n in ("INPUT0", "INPUT1")]
+                    a, b = (cp.from_dlpack(t.to_dlpack()) if not t.is_cpu() else cp.asarray(t.as_numpy())
+                            for t in ins)
+                    outs = [pb_utils.Tensor.from_dlpack("OUTPUT0", a + b), pb_utils.Tensor.from_dlpack("OUTPUT1", a - b)]
+                    assert not any(o.is_cpu() for o in outs)
+                    responses.append(pb_utils.InferenceResponse(outs))
+            return responses
+''')
+
+# Identity through DLPack on the GPU: the output tensor shares the CuPy array's device memory.
+DLPACK_IDENTITY = textwrap.dedent('''
+    import cupy as cp
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                t = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+                x = cp.from_dlpack(t.to_dlpack()) if not t.is_cpu() else cp.asarray(t.as_numpy())
+                out = pb_utils.Tensor.from_dlpack("OUTPUT0", x)
+                back = cp.from_dlpack(out.to_dlpack())
+                if out.is_cpu() or back.data.ptr != x.data.ptr:
+                    raise pb_utils.TritonModelException("DLPack did not keep the tensor on the GPU, in place")
+                responses.append(pb_utils.InferenceResponse([out]))
+            return responses
+''')
+
+# BLS: hands a GPU tensor to dlpack_identity and checks what comes back.
+BLS_GPU = textwrap.dedent('''
+    import cupy as cp
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                host = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                x = cp.asarray(host)
+                bls = pb_utils.InferenceRequest(
+                    model_name="dlpack_identity", requested_output_names=["OUTPUT0"],
+                    inputs=[pb_utils.Tensor.from_dlpack("INPUT0", x)],
+                    preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, 0))
+                reply = bls.exec()
+                if reply.has_error():
+                    raise pb_utils.TritonModelException(reply.error().message())
+                out = pb_utils.get_output_tensor_by_name(reply, "OUTPUT0")
+                y = cp.from_dlpack(out.to_dlpack()) if not out.is_cpu() else cp.asarray(out.as_numpy())
+                if not bool(cp.all(y == x)):
+                    raise pb_utils.TritonModelException("BLS GPU tensor came back changed")
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUTPUT0", cp.asnumpy(y)),
+                    pb_utils.Tensor("ON_GPU", np.array([not out.is_cpu()], np.bool_))]))
+            return responses
+''')
+
+
+def write_model(repo: Path, name: str, code: str, config: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(code)
+    (repo / name / "config.pbtxt").write_text(config)
+
+
+@pytest.fixture(scope="module")
+def gpu_server(tmp_path_factory):
+    from conftest import KernelProcess, running
+
+    repo = tmp_path_factory.mktemp("gpu_models")
+    write_model(repo, "gpu_add_sub", GPU_ADD_SUB,
+                ADD_SUB_CONFIG.format(name="gpu_add_sub", extra="instance_group [{ kind: KIND_GPU, count: 1 }]"))
+    write_model(repo, "dlpack_identity", DLPACK_IDENTITY, textwrap.dedent('''
+        name: "dlpack_identity"
+        backend: "python"
+        max_batch_size: 0
+        input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] }]
+        output [{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] }]
+        instance_group [{ kind: KIND_GPU, count: 1, gpus: [0] }]
+        parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value { string_value: "no" } }
+    '''))
+    write_model(repo, "bls_gpu", BLS_GPU, textwrap.dedent('''
+        name: "bls_gpu"
+        backend: "python"
+        max_batch_size: 0
+        input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] }]
+        output [{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] },
+                { name: "ON_GPU", data_type: TYPE_BOOL, dims: [ 1 ] }]
+        instance_group [{ kind: KIND_GPU, count: 1, gpus: [0] }]
+    '''))
+    if os.environ.get(gpu.OVERRIDE_ENV) is not None:
+        pytest.skip(f"{gpu.OVERRIDE_ENV} is set: these tests need the real GPU discovery")
+    yield from running(KernelProcess([repo]))
+
+
+def clients(server):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    return [("http", httpclient, httpclient.InferenceServerClient(server.url)),
+            ("grpc", grpcclient, grpcclient.InferenceServerClient(server.grpc_url))]
+
+
+def test_kind_gpu_add_sub_serves_tritonclient(gpu_server):
+    assert "TRITONBACKEND_ModelInstanceInitialize: gpu_add_sub_0_0 (GPU device 0)" in gpu_server.log()
+    a = np.arange(16, dtype=np.float32)
+    b = np.full(16, 0.5, np.float32)
+    for protocol, lib, c in clients(gpu_server):
+        ins = [lib.InferInput("INPUT0", [16], "FP32"), lib.InferInput("INPUT1", [16], "FP32")]
+        ins[0].set_data_from_numpy(a)
+        ins[1].set_data_from_numpy(b)
+        result = c.infer("gpu_add_sub", ins)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b, err_msg=protocol)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b, err_msg=protocol)
+        c.close()
+    # every GPU got an instance when the group names none
+    assert gpu_server.log().count("TRITONBACKEND_ModelInstanceInitialize: gpu_add_sub_0_0 (GPU device") == GPUS
+
+
+def test_dlpack_gpu_identity(gpu_server):
+    x = np.random.default_rng(0).random(1024, dtype=np.float32)
+    for protocol, lib, c in clients(gpu_server):
+        t = lib.InferInput("INPUT0", [1024], "FP32")
+        t.set_data_from_numpy(x)
+        np.testing.assert_array_equal(c.infer("dlpack_identity", [t]).as_numpy("OUTPUT0"), x, err_msg=protocol)
+        c.close()
+
+
+def test_gpu_metrics_are_served(gpu_server):
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://localhost:{gpu_server.metrics_port}/metrics", timeout=10).read().decode()
+    for family in ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes",
+                   "nv_gpu_power_usage", "nv_gpu_power_limit", "nv_energy_consumption"):
+        assert f'{family}{{gpu_uuid="GPU-' in text, family
+
+
+def _cupy_region(nbytes: int):
+    """A device allocation and its raw cudaIpcMemHandle_t (64 bytes), through CuPy."""
+    import cupy as cp
+
+    buf = cp.zeros(nbytes // 4, cp.float32)
+    handle = cp.cuda.runtime.ipcGetMemHandle(buf.data.ptr)
+    return buf, bytes(handle)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cuda_shared_memory_round_trip_64mib(gpu_server, protocol):
+    """Identity on a 64 MiB FP32 tensor, input and output in CUDA shared memory (timings printed)."""
+    import cupy as cp
+
+    lib, c = {p: (m, cl) for p, m, cl in clients(gpu_server)}[protocol]
+    nbytes = 64 << 20
+    n = nbytes // 4
+    d_in, h_in = _cupy_region(nbytes)
+    d_out, h_out = _cupy_region(nbytes)
+    d_in[...] = cp.arange(n, dtype=cp.float32)
+    cp.cuda.runtime.deviceSynchronize()
+    raw_in = base64.b64encode(h_in)
+    raw_out = base64.b64encode(h_out)
+    c.register_cuda_shared_memory("in", raw_in, 0, nbytes)
+    c.register_cuda_shared_memory("out", raw_out, 0, nbytes)
+    try:
+        t = lib.InferInput("INPUT0", [n], "FP32")
+        t.set_shared_memory("in", nbytes)
+        o = lib.InferRequestedOutput("OUTPUT0")
+        o.set_shared_memory("out", nbytes)
+        c.infer("dlpack_identity", [t], outputs=[o])  # warm
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            c.infer("dlpack_identity", [t], outputs=[o])
+            times.append(time.perf_counter() - start)
+        assert bool(cp.all(d_out == d_in))
+        print(f"\n[{protocol}] 64 MiB FP32 identity via CUDA shm: median {sorted(times)[2] * 1e3:.1f} ms "
+              f"(min {min(times) * 1e3:.1f} ms)")
+        status = c.get_cuda_shared_memory_status("in")
+        if protocol == "http":
+            assert status == [{"name": "in", "device_id": 0, "byte_size": nbytes}]
+        else:
+            assert status.regions["in"].byte_size == nbytes
+    finally:
+        c.unregister_cuda_shared_memory()
+        c.close()
+
+
+def test_tritonclient_cuda_shared_memory_utilities(gpu_server):
+    """The same through tritonclient.utils.cuda_shared_memory (needs cuda-python)."""
+    pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed")
+    import tritonclient.http as httpclient
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    c = httpclient.InferenceServerClient(gpu_server.url)
+    a = np.arange(16, dtype=np.float32)
+    b = np.ones(16, np.float32)
+    h_in = cudashm.create_shared_memory_region("in", 128, 0)
+    h_out = cudashm.create_shared_memory_region("out", 128, 0)
+    try:
+        cudashm.set_shared_memory_region(h_in, [a, b])
+        c.register_cuda_shared_memory("in", cudashm.get_raw_handle(h_in), 0, 128)
+        c.register_cuda_shared_memory("out", cudashm.get_raw_handle(h_out), 0, 128)
+        ins = [httpclient.InferInput("INPUT0", [16], "FP32"), httpclient.InferInput("INPUT1", [16], "FP32")]
+        ins[0].set_shared_memory("in", 64)
+        ins[1].set_shared_memory("in", 64, 64)
+        outs = [httpclient.InferRequestedOutput("OUTPUT0"), httpclient.InferRequestedOutput("OUTPUT1")]
+        outs[0].set_shared_memory("out", 64)
+        outs[1].set_shared_memory("out", 64, 64)
+        c.infer("gpu_add_sub", ins, outputs=outs)
+        got = cudashm.get_contents_as_numpy(h_out, np.float32, [32])
+        np.testing.assert_array_equal(got[:16], a + b)
+        np.testing.assert_array_equal(got[16:], a - b)
+    finally:
+        c.unregister_cuda_shared_memory()
+        cudashm.destroy_shared_memory_region(h_in)
+        cudashm.destroy_shared_memory_region(h_out)
+        c.close()
+
+
+def test_bls_passes_a_gpu_tensor(gpu_server):
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(gpu_server.url)
+    x = np.arange(1 << 20, dtype=np.float32)
+    t = httpclient.InferInput("INPUT0", [x.size], "FP32")
+    t.set_data_from_numpy(x)
+    start = time.perf_counter()
+    result = c.infer("bls_gpu", [t])
+    print(f"\nBLS 4 MiB GPU tensor round trip: {(time.perf_counter() - start) * 1e3:.1f} ms, "
+          f"output on GPU: {bool(result.as_numpy('ON_GPU')[0])}")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    c.close()
+
+
+@pytest.mark.xfail(reason="GPU tensors still cross the worker boundary through host memory (issue 19 follow-up: "
+                          "CUDA IPC handles in the control message)", strict=False)
+def test_bls_gpu_tensor_stays_on_the_gpu(gpu_server):
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(gpu_server.url)
+    t = httpclient.InferInput("INPUT0", [4], "FP32")
+    t.set_data_from_numpy(np.ones(4, np.float32))
+    assert bool(c.infer("bls_gpu", [t]).as_numpy("ON_GPU")[0])
+    c.close()
