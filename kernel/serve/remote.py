@@ -235,7 +235,7 @@ class RemoteBindingService:
             return
         try:
             hello = await _read(reader)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError, Exception):  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - not a binding process (or not one of this version)
             writer.close()
             return
         if not isinstance(hello, proto.Hello) or hello.protocol != proto.PROTOCOL_VERSION:
@@ -312,11 +312,13 @@ class RemoteBindingService:
         connection.models[name] = version
         try:
             await self._on(self._front, self.server.control.load_from_path(name, folder))
-        except KernelError as exc:
+        except BaseException as exc:
             connection.models.pop(name, None)
             self.backend.unregister(name, version)
             await asyncio.to_thread(shutil.rmtree, folder, True)
-            return exc.message
+            if isinstance(exc, KernelError):
+                return exc.message
+            raise
         if not connection.open:  # the process went away while its model loaded
             await self._remove(connection, name)
             return None
