@@ -86,16 +86,16 @@ def run_perf(srv, protocol: str, concurrency: int, args, out: Path, rnd: int):
             with tempfile.TemporaryDirectory() as td:
                 csv_path = Path(td) / "pa.csv"
                 cmd = [
-                    "bash", str(harness.ANCHORS), "perf", "-m", args.model, "-u", f"localhost:{srv.port(protocol)}",
+                    *harness.peers.perf_cmd(), "-m", args.model, "-u", f"localhost:{srv.port(protocol)}",
                     "-i", protocol, "--concurrency-range", f"{concurrency}:{concurrency}",
                     "--measurement-interval", str(args.duration_ms), "--stability-percentage", str(stability),
                     "--max-trials", str(trials), "-f", str(csv_path),
                 ]  # fmt: skip
-                pt.command = shlex.join(cmd[2:]).replace(str(csv_path), "OUT.csv")
+                pt.command = shlex.join(["perf_analyzer", *cmd[1:]]).replace(str(csv_path), "OUT.csv")
                 timeout = args.duration_ms / 1000.0 * (trials + 2) * 3 + 60
                 t0 = time.monotonic()
                 proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        start_new_session=True)
+                                        start_new_session=True, env=harness.peers.env())
                 try:
                     stdout, _ = proc.communicate(timeout=timeout)
                 except subprocess.TimeoutExpired:

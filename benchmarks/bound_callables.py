@@ -4,7 +4,7 @@ Three servers, one at a time, each measured with perf_analyzer on the same add_s
 
 * Triton  - real Triton's Python backend on benchmarks/model_repo (the anchor of every ratio),
 * Kernel  - benchmarks/bound_add_sub.py --api kernel  (the callable runs inside Kernel's process),
-* PyTriton - benchmarks/bound_add_sub.py --api pytriton, run by the anchors venv's real PyTriton 0.7
+* PyTriton - benchmarks/bound_add_sub.py --api pytriton, run by real PyTriton 0.7 from benchmarks/peers.py's venv
   (with LD_LIBRARY_PATH set to that interpreter's libpython folder, see ../shared/DESIGN.md).
 
 Writes OUT/bound_callables.md and OUT/bound_callables.json (default OUT: benchmarks/results).
@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import peers  # benchmarks/peers.py: real Triton, PyTriton and perf_analyzer from PyPI
 import run as bench  # benchmarks/run.py: start/stop servers, perf_analyzer, rounds
 
 HERE = Path(__file__).resolve().parent
-ANCHORS_PY = Path.home() / ".cache" / "kernel-anchors" / "bin" / "python"
+ANCHORS_PY = peers.venv_python()
 PROGRAM = HERE / "bound_add_sub.py"
 
 
@@ -66,6 +67,8 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--skip", choices=["triton", "kernel", "pytriton"], nargs="*", default=[])
+    ap.add_argument("--triton-ports", type=int, nargs=3, default=[18000, 18001, 18002])
+    ap.add_argument("--ports", type=int, nargs=3, default=[19000, 19001, 19002], help="Kernel's and PyTriton's")
     return ap.parse_args(argv)
 
 
@@ -81,12 +84,13 @@ def main(argv=None) -> int:
     sides = [(label, cmd) for label, cmd in (("Kernel", kernel_command()), ("PyTriton", pytriton_command()))
              if label.lower() not in args.skip]
     runs: dict[str, list] = {"Triton": []} | {label: [] for label, _ in sides}
-    ports = [19000, 19001, 19002]
+    peers.ensure()
+    ports = args.ports
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     try:
         for rnd in range(1, args.rounds + 1):
             if "triton" not in args.skip:
-                srv = bench.start_triton(HERE / "model_repo", [18000, 18001, 18002], out)
+                srv = bench.start_triton(HERE / "model_repo", args.triton_ports, out)
                 try:
                     runs["Triton"].append(bench.measure(srv, perf, out, protocols, rnd))
                 finally:

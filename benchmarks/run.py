@@ -1,6 +1,7 @@
 """Kernel vs real Triton, side by side, on the same model repository, measured with perf_analyzer.
 
-Starts real Triton (``/work/shared/bench/anchors.sh triton``) on the repository, measures it with
+Starts real Triton (installed from PyPI by ``benchmarks/peers.py`` into ``benchmarks/.peers``, on
+first use) on the repository, measures it with
 perf_analyzer for every (protocol, concurrency) point, stops it; then does the same with Kernel
 (``<venv python> -m kernel serve ...``). Only one server runs at a time: the box has two cores and
 perf_analyzer needs one of them. Both servers are stopped at the end, on error and on Ctrl-C.
@@ -15,10 +16,10 @@ Examples::
 
     # Check the harness itself with a second real Triton standing in for Kernel:
     python benchmarks/run.py --protocol http --kernel-label "Triton #2" --kernel-cmd \\
-      'cd {out} && pid=$(TRITON_LOG={log} bash /work/shared/bench/anchors.sh triton {repo} {http_port} {grpc_port} {metrics_port}) && exec tail --pid=$pid -f /dev/null'
+      'exec {python} benchmarks/peers.py triton {repo} {http_port} {grpc_port} {metrics_port}'
 
-    (``cd {out}``: started from the project root, Triton's Python-backend stub would import Kernel's
-    triton_python_backend_utils/ shim instead of its own and fail to load the model.)
+    (peers.py starts tritonserver from its venv folder: started from the project root, Triton's
+    Python-backend stub would import Kernel's triton_python_backend_utils/ shim instead of its own.)
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+# The old external installer; run.py itself now uses peers.py (kept: other scripts still read it).
 ANCHORS = Path(os.environ.get("KERNEL_ANCHORS_SH", "/work/shared/bench/anchors.sh"))
+sys.path.insert(0, str(HERE))
+import peers  # noqa: E402  (benchmarks/peers.py: real Triton + perf_analyzer from PyPI)
 
 UNSTABLE_MARK = "Failed to obtain stable measurement"
 
@@ -181,37 +185,33 @@ def check_ports_free(*ports: int) -> None:
         raise BenchError(f"port(s) {busy} already in use on 127.0.0.1; stop whatever listens there or pick other ports")
 
 
-def start_triton(repo: Path, ports: list[int], out: Path) -> Server:
+def start_triton(repo: Path, ports: list[int], out: Path, timeout: float = 120.0) -> Server:
+    """Real Triton (benchmarks/peers.py's venv, installed on first use) on REPO; returns once
+    GET /v2/health/ready answers 200. startup_s is the time from spawn to ready."""
+    peers.ensure()
     srv = Server("Triton", *ports, log=out / "triton.log")
     check_ports_free(*ports)
-    env = dict(os.environ, TRITON_LOG=str(srv.log))
+    cmd = peers.tritonserver_cmd(repo, *ports)
     t0 = time.monotonic()
-    # anchors.sh starts tritonserver in the background and prints its pid once ready; a fresh
-    # session makes tritonserver and its Python-backend stubs one process group we can stop.
-    proc = subprocess.Popen(
-        ["bash", str(ANCHORS), "triton", str(repo), *map(str, ports)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        # Not the project root: its triton_python_backend_utils/ (Kernel's shim) would shadow the
-        # real one inside Triton's Python-backend stub and every model would fail to load.
-        cwd=out,
-        start_new_session=True,
-    )
-    srv.pgid = proc.pid
+    logf = open(srv.log, "wb")
     try:
-        stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        srv.stop()
-        raise BenchError(f"real Triton did not become ready in 120 s\n{log_tail(srv.log)}")
-    if proc.returncode != 0:
-        srv.stop()
-        raise BenchError(f"real Triton failed to start: {stderr.strip()}\n{log_tail(srv.log)}")
-    try:
-        srv.main_pid = int(stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        srv.main_pid = None
+        # Not the project root as working directory: its triton_python_backend_utils/ (Kernel's shim)
+        # would shadow the real one inside Triton's Python-backend stub and every model would fail
+        # to load. A fresh session makes tritonserver and its stubs one process group to stop.
+        srv.popen = subprocess.Popen(cmd, cwd=out, env=peers.env(), stdout=logf, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        logf.close()
+    srv.pgid = srv.main_pid = srv.popen.pid
+    while not srv.ready():
+        if srv.popen.poll() is not None:
+            code = srv.popen.returncode
+            srv.stop()
+            raise BenchError(f"real Triton exited with code {code} before becoming ready\n{log_tail(srv.log)}")
+        if time.monotonic() - t0 > timeout:
+            srv.stop()
+            raise BenchError(f"real Triton did not become ready in {timeout:.0f} s\n{log_tail(srv.log)}")
+        time.sleep(0.01)
     srv.startup_s = time.monotonic() - t0
     srv.fetch_metadata()
     return srv
@@ -275,7 +275,7 @@ def start_kernel(args, repo: Path, ports: list[int], out: Path) -> tuple[Server,
                 f"{srv.label} was not ready (GET /v2/health/ready != 200) within {args.kernel_start_timeout:.0f} s.\n"
                 f"command: {printable}\n--- last lines of {srv.log} ---\n{log_tail(srv.log)}"
             )
-        time.sleep(0.1)
+        time.sleep(0.01)
     srv.startup_s = time.monotonic() - t0
     srv.fetch_metadata()
     return srv, printable
@@ -337,7 +337,7 @@ def run_perf_analyzer(srv: Server, protocol: str, concurrency: int, args, out: P
             with tempfile.TemporaryDirectory() as td:
                 csv_path = Path(td) / "pa.csv"
                 cmd = [
-                    "bash", str(ANCHORS), "perf",
+                    *peers.perf_cmd(),
                     "-m", args.model,
                     "-u", f"localhost:{srv.port(protocol)}",
                     "-i", protocol,
@@ -347,10 +347,10 @@ def run_perf_analyzer(srv: Server, protocol: str, concurrency: int, args, out: P
                     "--max-trials", str(trials),
                     "-f", str(csv_path),
                 ]  # fmt: skip
-                pt.command = shlex.join(cmd[2:]).replace(str(csv_path), "OUT.csv")
+                pt.command = shlex.join(["perf_analyzer", *cmd[1:]]).replace(str(csv_path), "OUT.csv")
                 timeout = args.duration_ms / 1000.0 * (trials + 2) + 60
                 t0 = time.monotonic()
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=peers.env())
                 try:
                     stdout, _ = proc.communicate(timeout=timeout)
                 except subprocess.TimeoutExpired:
@@ -553,9 +553,7 @@ def main(argv=None) -> int:
     if not (repo / args.model / "config.pbtxt").exists():
         print(f"no {args.model}/config.pbtxt in {repo}", file=sys.stderr)
         return 2
-    if not ANCHORS.exists():
-        print(f"{ANCHORS} not found (set KERNEL_ANCHORS_SH)", file=sys.stderr)
-        return 2
+    peers.ensure()  # real Triton + perf_analyzer from PyPI, into benchmarks/.peers on first use
 
     # SIGTERM behaves like Ctrl-C so the finally blocks stop the servers.
     def on_term(signum, frame):
@@ -631,7 +629,7 @@ def main(argv=None) -> int:
         },
         "servers": {
             "triton": {
-                "command": f"bash {ANCHORS} triton {repo} {' '.join(map(str, args.triton_ports))}",
+                "command": shlex.join(peers.tritonserver_cmd(repo, *args.triton_ports)),
                 "metadata": by_label.get("Triton").metadata if "Triton" in by_label else None,
                 "startup_s": by_label.get("Triton").startup_s if "Triton" in by_label else None,
             },
@@ -666,7 +664,7 @@ def main(argv=None) -> int:
 
     sides = []
     if triton_pts:
-        sides.append(f"Triton: {describe(meta['servers']['triton']['metadata'])} via `anchors.sh triton`")
+        sides.append(f"Triton: {describe(meta['servers']['triton']['metadata'])} via `benchmarks/peers.py` (nvidia-pytriton 0.7.0 wheel)")
     if args.only != "triton":
         sides.append(f"{args.kernel_label}: {describe(meta['servers']['kernel']['metadata'])} via `{kernel_printable}`")
     notes = [

@@ -32,7 +32,10 @@ def recv():
         buf += front.recv(1 << 20)
 cfg = {"name": "add_sub", "max_batch_size": 0, "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": ["4"]}, {"name": "OUTPUT1", "data_type": "TYPE_FP32", "dims": ["4"]}]}
 send(messages.Initialize({"model_config": json.dumps(cfg), "model_name": "add_sub", "model_version": "1", "model_repository": f"{REPO}/add_sub", "model_instance_name": "add_sub_0_0"}))
-r = recv(); assert isinstance(r, messages.Ready) and r.error is None, r
+r = recv()
+while not isinstance(r, messages.Ready):  # the worker may announce itself (Started) before Ready
+    r = recv()
+assert r.error is None, r
 a = np.arange(4, dtype=np.float32).tobytes()
 times = []
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
