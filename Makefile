@@ -19,8 +19,11 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Kernel vs real Triton on every scenario of issue 17 (benchmarks/suite.py); real Triton and
+# perf_analyzer are installed from PyPI into benchmarks/.peers on first use. ARGS="--quick --rounds 1" to try it.
 bench: $(STAMP)
-	$(PY) benchmarks/run.py $(ARGS)
+	$(PY) benchmarks/peers.py install
+	$(PY) benchmarks/suite.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

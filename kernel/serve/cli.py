@@ -59,7 +59,7 @@ DEFAULT_BACKEND_DIRECTORY = Path(importlib.util.find_spec("kernel.backends").sub
 NO_EFFECT_FLAGS = {
     "http-thread-count", "grpc-infer-thread-count", "model-load-thread-count", "buffer-manager-thread-count",
     "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size", "cuda-virtual-address-size",
-    "min-supported-compute-capability", "allow-gpu-metrics", "model-load-retry-count",
+    "min-supported-compute-capability", "model-load-retry-count",
     "grpc-max-response-pool-size", "reuse-http-port", "reuse-grpc-port", "enable-peer-access",
     "host-policy", "model-load-gpu-limit",
     "repoagent-directory", "sagemaker-thread-count", "vertex-ai-thread-count",
@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="serve Prometheus metrics on --metrics-port")
     a("--allow-cpu-metrics", type=parse_bool, default=True,
       help="collect CPU and memory utilisation metrics")
+    a("--allow-gpu-metrics", type=parse_bool, default=True,
+      help="report nv_gpu_* metrics through NVML where there are GPUs (nvidia-ml-py, the [gpu] extra)")
     a("--metrics-address", default=None, help="address of the metrics endpoint (None: --http-address, "
       "or 0.0.0.0 without HTTP)")
     a("--metrics-port", type=parse_int, default=8002, help="port the metrics endpoint listens on")
@@ -455,7 +457,8 @@ def build_server(args) -> Server:
     if args.allow_metrics:
         server.transports.append(
             _load(METRICS_TRANSPORT)(server, args.metrics_address, args.metrics_port,
-                                     interval_ms=args.metrics_interval_ms, cpu_metrics=args.allow_cpu_metrics)
+                                     interval_ms=args.metrics_interval_ms, cpu_metrics=args.allow_cpu_metrics,
+                                     gpu_metrics=args.allow_gpu_metrics)
         )
     if args.allow_sagemaker:
         server.transports.append(

@@ -118,3 +118,19 @@ def test_an_unreadable_gpu_is_left_out(two_gpus):
     del two_gpus.devices[1]["power_mw"]
     readings = gpu.NvmlReader(two_gpus).read()
     assert [r.uuid for r in readings] == ["GPU-aaaa"]
+
+
+def test_allow_gpu_metrics_false_turns_them_off(two_gpus):
+    """--allow-gpu-metrics=false, as in tritonserver: the families go, whatever NVML reads."""
+    service = MetricsService(FakeServer(), gpu_reader=gpu.NvmlReader(two_gpus), gpu_metrics=False)
+    assert "nv_gpu" not in service.text()
+    on = MetricsService(FakeServer(), cpu_metrics=False, gpu_reader=gpu.NvmlReader(two_gpus))
+    assert "nv_gpu_utilization" in on.text() and "nv_cpu" not in on.text()
+
+
+def test_cli_flag_reaches_the_metrics_service():
+    from kernel.serve import cli
+
+    args = cli.build_parser().parse_args(["serve", "--model-repository=/x", "--allow-gpu-metrics=false"])
+    assert args.allow_gpu_metrics is False
+    assert "allow-gpu-metrics" not in cli.NO_EFFECT_FLAGS

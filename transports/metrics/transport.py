@@ -43,11 +43,13 @@ class MetricsTransport(Transport):
     service_name = "Metrics Service"
 
     def __init__(self, server, address: str = "0.0.0.0", port: int = 8002,
-                 config: MetricsConfig | None = None, interval_ms: int = 2000, cpu_metrics: bool = True):
+                 config: MetricsConfig | None = None, interval_ms: int = 2000, cpu_metrics: bool = True,
+                 gpu_metrics: bool = True):
         self.server = server
         self.address = address
         self.port = port
-        self.service = MetricsService(server, config or server.metrics_config, cpu_metrics, interval_ms)
+        self.service = MetricsService(server, config or server.metrics_config, cpu_metrics, interval_ms,
+                                      gpu_metrics=gpu_metrics)
         self.app = MetricsApp(self.service)
         self._uvicorn: UvicornListener | None = None
 
