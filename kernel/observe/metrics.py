@@ -598,12 +598,12 @@ class MetricsService:
     """What the metrics transport serves: the registry and its text form."""
 
     def __init__(self, server, config: Optional[MetricsConfig] = None, cpu_metrics: bool = True,
-                 interval_ms: int = 2000, gpu_reader=None) -> None:
+                 interval_ms: int = 2000, gpu_reader=None, gpu_metrics: bool = True) -> None:
         self.server = server
         self.config = config or MetricsConfig()
         self.cpu = CpuSampler() if cpu_metrics else None
         self.interval_s = max(1, interval_ms) / 1000.0
-        gpu = (gpu_reader or NvmlReader()) if cpu_metrics else None  # GPU metrics go with the CPU ones
+        gpu = (gpu_reader or NvmlReader()) if gpu_metrics else None  # --allow-gpu-metrics
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(ServerCollector(server, self.config, self.cpu, gpu))
         self._timer = None
