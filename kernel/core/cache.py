@@ -26,8 +26,9 @@ Why it lives in the core and works this way:
   sum. A response bigger than the whole cache is not stored.
 - A model without a response cache pays one attribute test per request
   (`model.response_cache is None`); nothing here runs for it.
-- Requests that read or write client shared memory are not cached: their
-  outputs go to the client's region, not into a response.
+- Requests that use client shared memory are cached as in Triton: their
+  inputs were copied out of the regions already, and Server.submit routes
+  the response (a hit's too) into the output windows after this stores it.
 - Decoupled models cannot enable the cache (kernel.config.pbtxt refuses them
   with Triton's message), so a miss always ends in exactly one final response.
 
@@ -153,8 +154,6 @@ class ResponseCache:
         enables the cache. On True the request's one response has been
         delivered already and the model must not be scheduled.
         """
-        if request.shm is not None:
-            return False
         start = _now_ns()
         key = request_key(model, request)
         entry = self._entries.get(key)

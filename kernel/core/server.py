@@ -161,10 +161,10 @@ class Server:
             request.trace.on_submit(request, model, request.arrival_ns)
         if model.stats.observer is not None and model.stats.observer.first_response is not None:
             model.stats.observer.watch_first_response(request)
-        if model.response_cache is not None and model.response_cache.serve(model, request):
-            return  # answered from the response cache; the model never sees it
         if request.shm is not None:
             route_through_windows(request)
+        if model.response_cache is not None and model.response_cache.serve(model, request):
+            return  # answered from the response cache (outputs still go to their windows); the model never sees it
         model.scheduler.enqueue(request)
 
     def in_flight(self) -> int:

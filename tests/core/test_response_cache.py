@@ -241,3 +241,48 @@ def test_pytriton_cache_config_and_model_response_cache():
             assert json.loads(r.read())["response_cache"] == {"enable": True}
         c.close()
     assert len(calls) == 3  # the cached model ran once, the other twice
+
+
+def test_shared_memory_requests_are_cached_and_hits_fill_the_output_region(kernel):
+    """As tritonserver 2.51: inputs read from a system shared-memory region make the same key as
+    inline ones, and a hit writes its outputs into the request's output region."""
+    import uuid
+
+    import tritonclient.utils.shared_memory as shm
+
+    c = httpclient.InferenceServerClient(kernel.url)
+    tag = uuid.uuid4().hex[:8]
+    a = np.array([7, 7, 7, 7], dtype=np.float32)
+    b = np.array([1, 2, 3, 4], dtype=np.float32)
+    h_in = shm.create_shared_memory_region(f"in{tag}", f"/in{tag}", 32)
+    h_out = shm.create_shared_memory_region(f"out{tag}", f"/out{tag}", 16)
+    try:
+        shm.set_shared_memory_region(h_in, [a, b])
+        c.register_system_shared_memory(f"in{tag}", f"/in{tag}", 32)
+        c.register_system_shared_memory(f"out{tag}", f"/out{tag}", 16)
+
+        def run(to_region: bool):
+            i0 = httpclient.InferInput("INPUT0", [4], "FP32")
+            i0.set_shared_memory(f"in{tag}", 16, 0)
+            i1 = httpclient.InferInput("INPUT1", [4], "FP32")
+            i1.set_shared_memory(f"in{tag}", 16, 16)
+            outputs = None
+            if to_region:
+                o = httpclient.InferRequestedOutput("OUTPUT0")
+                o.set_shared_memory(f"out{tag}", 16, 0)
+                outputs = [o]
+            return c.infer("cached_add_sub", [i0, i1], outputs=outputs)
+
+        before = stats(kernel, "cached_add_sub")["inference_stats"]
+        executed = count(run(False))
+        assert count(infer(c, "cached_add_sub", a, b)) == executed  # the inline request hits the same entry
+        run(True)
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(h_out, np.float32, [4]), a + b)
+        after = stats(kernel, "cached_add_sub")["inference_stats"]
+        assert after["cache_miss"]["count"] - before["cache_miss"]["count"] == 1
+        assert after["cache_hit"]["count"] - before["cache_hit"]["count"] == 2
+    finally:
+        c.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(h_in)
+        shm.destroy_shared_memory_region(h_out)
+        c.close()
