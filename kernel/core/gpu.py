@@ -113,6 +113,22 @@ def visible_gpu_ids(probe: Optional[Callable[[], Sequence[int]]] = None) -> tupl
     return _cached
 
 
+def _nvml_handle(nvml, ordinal: int):
+    """NVML's handle for CUDA ordinal `ordinal`.
+
+    Why not nvmlDeviceGetHandleByIndex(ordinal): NVML numbers every GPU in the machine, CUDA only
+    the visible ones, in CUDA_VISIBLE_DEVICES order (by index or by UUID), so the two differ as soon
+    as that variable is set.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return nvml.nvmlDeviceGetHandleByIndex(ordinal)
+    entry = [e.strip() for e in visible.split(",")][ordinal]
+    if entry.startswith(("GPU-", "MIG-")):
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
+    return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+
+
 # ---- readings for the metrics endpoint ---------------------------------------------------------
 
 
@@ -156,8 +172,7 @@ class NvmlReader:
             self._nvml = nvml
         try:
             nvml.nvmlInit()
-            ids = visible_gpu_ids()
-            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in ids]
+            self._handles = [_nvml_handle(nvml, i) for i in visible_gpu_ids()]
         except Exception:  # noqa: BLE001 - NVMLError: report no GPU
             self._handles = []
         return self._handles

@@ -71,6 +71,7 @@ class FakeServer:
 @pytest.fixture
 def two_gpus(monkeypatch):
     monkeypatch.setenv(gpu.OVERRIDE_ENV, "0,1")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     nvml = FakeNvml({k: dict(v) for k, v in DEVICES.items()})
     return nvml
 
@@ -134,3 +135,15 @@ def test_cli_flag_reaches_the_metrics_service():
     args = cli.build_parser().parse_args(["serve", "--model-repository=/x", "--allow-gpu-metrics=false"])
     assert args.allow_gpu_metrics is False
     assert "allow-gpu-metrics" not in cli.NO_EFFECT_FLAGS
+
+
+def test_cuda_visible_devices_selects_the_nvml_devices(monkeypatch):
+    """CUDA ordinal 0 under CUDA_VISIBLE_DEVICES=1 is NVML's device 1 (by index, or by UUID)."""
+    nvml = FakeNvml({k: dict(v) for k, v in DEVICES.items()})
+    nvml.nvmlDeviceGetHandleByUUID = lambda uuid: next(d for d in nvml.devices.values() if d["uuid"] == uuid)
+    monkeypatch.setenv(gpu.OVERRIDE_ENV, "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert [r.uuid for r in gpu.NvmlReader(nvml).read()] == ["GPU-bbbb"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb,0")
+    monkeypatch.setenv(gpu.OVERRIDE_ENV, "0,1")
+    assert [r.uuid for r in gpu.NvmlReader(nvml).read()] == ["GPU-bbbb", "GPU-aaaa"]
