@@ -31,4 +31,4 @@ clean:
 # Compatibility checks against real peers (real Triton via ../shared/bench/anchors.sh); not part of `make test`.
 peer-check: $(STAMP)
 	bash ../shared/bench/anchors.sh install
-	$(PY) -m pytest -q peer_checks $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --basetemp=/tmp/kernel-peer-check peer_checks $(PYTEST_ARGS)

@@ -18,7 +18,6 @@ import pytest
 
 import sys
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import EXAMPLES, ROOT, TEST_MODELS, free_ports  # noqa: E402
 from kernel.client import AsyncioModelClient, DecoupledModelClient, FuturesModelClient, ModelClient
 from kernel.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientModelUnavailableError

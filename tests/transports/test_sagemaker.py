@@ -283,6 +283,8 @@ def test_multi_model_load_invoke_unload(start_kernel, tmp_path):
 
     # loading the same name twice: 409
     r = c.post("/models", json={"model_name": "hash1", "url": str(add_sub_url)})
+    assert (r.status_code, r.json()) == (409, {"error": f"model repository '{add_sub_url}' has already been registered"})
+    r = c.post("/models", json={"model_name": "hash1", "url": str(echo_repo) + "/"})
     assert r.status_code == 409 and "already loaded" in r.json()["error"]
     # invoke errors: model errors are 400, out of memory 507, unknown model 404
     r = c.post("/models/echo/invoke", json=text_request("error"))
@@ -316,7 +318,8 @@ def test_multi_model_bad_loads(start_kernel, tmp_path):
     _, c = sagemaker(start_kernel, [empty], env={"SAGEMAKER_MULTI_MODEL": "true"})
 
     cases = [
-        ({"model_name": "a", "url": str(tmp_path / "does_not_exist")}, 400, "no such directory"),
+        ({"model_name": "a", "url": str(tmp_path / "does_not_exist")}, 400,
+         f"failed to register '{tmp_path / 'does_not_exist'}', repository not found"),
         ({"model_name": "b", "url": str(not_a_repo)}, 400, "neither a model directory nor a repository"),
         ({"model_name": "c", "url": str(broken)}, 400, "failed to load 'c'"),
         ({"model_name": "d", "url": str(oom)}, 507, "out of memory"),

@@ -62,7 +62,7 @@ def test_prediction_mode_serves_vertex_only(start_kernel, tmp_path):
     assert c.get(PREDICT).status_code == 405
     assert c.post(HEALTH).status_code == 405
     r = c.get("/somewhere/else")
-    assert r.status_code == 400 and "no route" in r.json()["error"]
+    assert (r.status_code, r.content) == (400, b"")  # as tritonserver: no body
 
 
 def test_predict_binary_tensor_data(start_kernel, tmp_path):
@@ -178,7 +178,10 @@ def test_redirect_refusals(shared, target, status):
     c = shared
     r = c.post(PREDICT, headers={REDIRECT: target}, json=ADD_SUB_JSON)
     assert r.status_code == status, r.text
-    assert r.json()["error"]
+    if status == 400:  # tritonserver answers a redirect it cannot serve with 400 and no body
+        assert r.content == b""
+    else:
+        assert r.json()["error"]
     assert c.post(PREDICT, json=ADD_SUB_JSON).status_code == 200  # still serving
 
 

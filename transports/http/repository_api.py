@@ -20,6 +20,7 @@ import msgspec
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.loading.files import FILE_PREFIX
 from kernel.transports.asgi import send_error, send_json, send_status
+from kernel.transports.http import json_errors
 
 PREFIX = "/v2/repository"
 
@@ -85,7 +86,11 @@ def _parse_body(body: bytes) -> dict:
     try:
         request = _decode.decode(body)
     except msgspec.DecodeError as exc:
-        raise KernelError(ErrorCode.INVALID_ARG, f"failed to parse the request JSON buffer: {exc}") from None
+        # tritonserver's status (500), words and offset (RapidJSON's) for a body that is not JSON
+        where = json_errors.describe(body)
+        if where is None:
+            raise KernelError(ErrorCode.INVALID_ARG, f"failed to parse the request JSON buffer: {exc}") from None
+        raise KernelError(ErrorCode.INTERNAL, f"failed to parse the request JSON buffer: {where}") from None
     if not isinstance(request, dict):
         raise KernelError(ErrorCode.INVALID_ARG, "the request body must be a JSON object")
     return request
@@ -112,9 +117,8 @@ def _load_parameters(request: dict) -> tuple[Optional[str], dict[str, bytes]]:
     for key, value in _parameters(request).items():
         if key == "config":
             if not isinstance(value, str):
-                raise KernelError(
-                    ErrorCode.INVALID_ARG, "invalid value type for load parameter 'config', expected a string"
-                )
+                # tritonserver's words (its status is 500; a client's mistake is 400 here, issue 14)
+                raise KernelError(ErrorCode.INVALID_ARG, "attempt to access JSON non-string as string")
             config = value
         elif key.startswith(FILE_PREFIX):
             if not isinstance(value, str):

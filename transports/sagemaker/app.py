@@ -167,7 +167,7 @@ class SageMakerApp:
                 m = _MODELS_ROUTE.fullmatch(path)
                 await self._models(m.group(1) or "", bool(m.group(2)), method, scope, receive, send)
             else:
-                await send_error(send, 400, f"SageMaker endpoint has no route {method} {path}")
+                await send_status(send, 400)  # tritonserver: 400, no body
         except KernelError as exc:
             await send_error(send, self._error_status(exc.message, status_for(exc)), exc.message)
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the endpoint down
@@ -266,6 +266,9 @@ class SageMakerApp:
         abspath = os.path.abspath(os.path.normpath(url))
         if any((abspath + "/").startswith(p) for p in _FORBIDDEN_PREFIXES):
             raise KernelError(ErrorCode.INVALID_ARG, f"Invalid url '{url}': it cannot start with /dev/, /proc/ or /sys/")
+        if any(m.url == url for m in self.models.values()):  # tritonserver's words: it registers the url
+            await send_error(send, 409, f"model repository '{url}' has already been registered")
+            return
         if name in self.models or name in self._busy or target in self._busy:
             await send_error(send, 409, f"model '{name}' is already loaded")
             return
@@ -330,7 +333,7 @@ def _resolve_model_dirs(path: Path, url: str) -> tuple[Path, list[Path]]:
     ensemble, which is then the model and the others its steps.
     """
     if not path.is_dir():
-        raise KernelError(ErrorCode.INVALID_ARG, f"failed to load model from url '{url}': no such directory")
+        raise KernelError(ErrorCode.INVALID_ARG, f"failed to register '{url}', repository not found")
     if _is_model_dir(path):
         return path, []
     subdirs = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))

@@ -157,7 +157,7 @@ class VertexApp:
             elif path == self.settings.predict_route:
                 await self._predict(scope, receive, send)
             else:
-                await send_error(send, 400, f"Vertex AI endpoint has no route {method} {path}")
+                await send_status(send, 400)  # tritonserver: 400, no body
         except KernelError as exc:
             await send_error(send, status_for(exc), exc.message)
         except Exception as exc:  # noqa: BLE001
@@ -181,7 +181,10 @@ class VertexApp:
             except RedirectRefused as exc:
                 log.info("Vertex AI redirect refused: %s", exc.message)
                 await cloud.drain_body(receive)
-                await send_error(send, exc.status, exc.message)
+                if exc.status == 400:  # tritonserver: 400, no body, for a redirect it cannot serve
+                    await send_status(send, 400)
+                else:  # 403: Kernel's own refusal (state-changing redirects), said in words
+                    await send_error(send, exc.status, exc.message)
                 return
         headers = cloud.with_header_length(scope, BINARY_MIME)
         await cloud.delegate(self.http_app, scope, receive, send, path, method, headers)
