@@ -286,3 +286,22 @@ def test_shared_memory_requests_are_cached_and_hits_fill_the_output_region(kerne
         shm.destroy_shared_memory_region(h_in)
         shm.destroy_shared_memory_region(h_out)
         c.close()
+
+
+def test_an_ensemble_caches_its_top_level_response(kernel):
+    """As tritonserver 2.51: a hit on the ensemble runs none of its steps."""
+    c = httpclient.InferenceServerClient(kernel.url)
+    a = httpclient.InferInput("A", [4], "FP32")
+    a.set_data_from_numpy(np.array([3, 1, 4, 1], dtype=np.float32))
+    b = httpclient.InferInput("B", [4], "FP32")
+    b.set_data_from_numpy(np.array([5, 9, 2, 6], dtype=np.float32))
+    first = c.infer("cached_ensemble", [a, b])
+    step_before = stats(kernel, "plain_add_sub")["execution_count"]
+    for _ in range(3):
+        again = c.infer("cached_ensemble", [a, b])
+        np.testing.assert_array_equal(again.as_numpy("SUM"), [8, 10, 6, 7])
+        assert again.as_numpy("N").tolist() == first.as_numpy("N").tolist()
+    assert stats(kernel, "plain_add_sub")["execution_count"] == step_before
+    s = stats(kernel, "cached_ensemble")["inference_stats"]
+    assert (s["cache_hit"]["count"], s["cache_miss"]["count"]) == (3, 1)
+    c.close()
