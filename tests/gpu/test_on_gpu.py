@@ -72,7 +72,7 @@ GPU_ADD_SUB = textwrap.dedent('''
             with cp.cuda.Device(self.device):
                 for request in requests:
                     ins = [pb_utils.get_input_tensor_by_name(request, n) for n in ("INPUT0", "INPUT1")]
-                    a, b = (cp.from_dlpack(t.to_dlpack()) if not t.is_cpu() else cp.asarray(t.as_numpy())
+                    a, b = (cp.from_dlpack(t) if not t.is_cpu() else cp.asarray(t.as_numpy())
                             for t in ins)
                     outs = [pb_utils.Tensor.from_dlpack("OUTPUT0", a + b), pb_utils.Tensor.from_dlpack("OUTPUT1", a - b)]
                     assert not any(o.is_cpu() for o in outs)
@@ -90,9 +90,9 @@ DLPACK_IDENTITY = textwrap.dedent('''
             responses = []
             for request in requests:
                 t = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-                x = cp.from_dlpack(t.to_dlpack()) if not t.is_cpu() else cp.asarray(t.as_numpy())
+                x = cp.from_dlpack(t) if not t.is_cpu() else cp.asarray(t.as_numpy())
                 out = pb_utils.Tensor.from_dlpack("OUTPUT0", x)
-                back = cp.from_dlpack(out.to_dlpack())
+                back = cp.from_dlpack(out)
                 if out.is_cpu() or back.data.ptr != x.data.ptr:
                     raise pb_utils.TritonModelException("DLPack did not keep the tensor on the GPU, in place")
                 responses.append(pb_utils.InferenceResponse([out]))
@@ -119,7 +119,7 @@ BLS_GPU = textwrap.dedent('''
                 if reply.has_error():
                     raise pb_utils.TritonModelException(reply.error().message())
                 out = pb_utils.get_output_tensor_by_name(reply, "OUTPUT0")
-                y = cp.from_dlpack(out.to_dlpack()) if not out.is_cpu() else cp.asarray(out.as_numpy())
+                y = cp.from_dlpack(out) if not out.is_cpu() else cp.asarray(out.as_numpy())
                 if not bool(cp.all(y == x)):
                     raise pb_utils.TritonModelException("BLS GPU tensor came back changed")
                 responses.append(pb_utils.InferenceResponse([
@@ -211,8 +211,12 @@ def _cupy_region(nbytes: int):
     """A device allocation and its raw cudaIpcMemHandle_t (64 bytes), through CuPy."""
     import cupy as cp
 
-    buf = cp.zeros(nbytes // 4, cp.float32)
-    handle = cp.cuda.runtime.ipcGetMemHandle(buf.data.ptr)
+    # Its own cudaMalloc (not CuPy's pool): an IPC handle names a whole allocation, so the region
+    # must start at the allocation's base.
+    memory = cp.cuda.Memory(nbytes)
+    buf = cp.ndarray((nbytes // 4,), cp.float32, memptr=cp.cuda.MemoryPointer(memory, 0))
+    buf.fill(0)
+    handle = cp.cuda.runtime.ipcGetMemHandle(memory.ptr)
     return buf, bytes(handle)
 
 
