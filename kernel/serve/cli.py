@@ -69,8 +69,6 @@ NO_EFFECT_FLAGS = {
 # tritonserver flags whose features Kernel does not have yet.
 NOT_YET_FLAGS = {
     "model-namespacing",
-    "grpc-http2-min-recv-ping-interval-without-data",
-    "grpc-http2-max-ping-strikes", "grpc-max-connection-age", "grpc-max-connection-age-grace",
     "grpc-infer-response-compression-level",
     "rate-limit", "rate-limit-resource", "allow-client-shm",
 }
@@ -209,6 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
       help="allow keepalive pings while no call is open")
     a("--grpc-http2-max-pings-without-data", type=parse_int, default=2,
       help="pings the server sends without data before it waits for data")
+    a("--grpc-http2-min-recv-ping-interval-without-data", type=parse_int, default=300000,
+      help="milliseconds: a client ping sooner than this after the last, with no data sent, is a strike")
+    a("--grpc-http2-max-ping-strikes", type=parse_int, default=2,
+      help="ping strikes before the connection is closed with GOAWAY (0: no limit)")
+    a("--grpc-max-connection-age", type=parse_int, default=None,
+      help="milliseconds a connection may live before a graceful GOAWAY (default: no limit)")
+    a("--grpc-max-connection-age-grace", type=parse_int, default=None,
+      help="milliseconds after the GOAWAY of --grpc-max-connection-age before the connection is closed")
     a("--grpc-restricted-protocol", action="append", default=[], metavar="<apis>:<key>=<value>",
       help="gRPC APIs that answer only with metadata triton-grpc-protocol-<key>: <value> (repeatable)")
     a("--grpc-server", type=choice("--grpc-server", ("native", "grpclib", "grpcio")), default=None,

@@ -62,17 +62,32 @@ class GrpcioServer:
         self.service = service
         self.options = options
         self.codes = {c.value[0]: c for c in grpc.StatusCode}
+        # C-core checks one receive limit against both a message's wire size and its size
+        # once decompressed, so that limit is the decompression cap here: without it a few KB
+        # of gzip inflate to gigabytes. (Kernel's own server keeps the two limits apart.)
+        receive_limit = 64 * 1024 * 1024
+        if options is not None:
+            receive_limit = min(options.max_message_size, options.max_decompressed_size)
         channel_options = [
             ("grpc.max_send_message_length", -1),
-            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_receive_message_length", receive_limit),
         ]
         if options is not None:
+            limits = options.http2_limits()
             channel_options += [
                 ("grpc.keepalive_time_ms", options.keepalive_time_ms),
                 ("grpc.keepalive_timeout_ms", options.keepalive_timeout_ms),
                 ("grpc.keepalive_permit_without_calls", int(options.keepalive_permit_without_calls)),
                 ("grpc.http2.max_pings_without_data", options.http2_max_pings_without_data),
+                ("grpc.http2.max_ping_strikes", options.http2_max_ping_strikes),
+                ("grpc.http2.min_ping_interval_without_data_ms", options.http2_min_recv_ping_interval_without_data_ms),
+                ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
+                ("grpc.max_metadata_size", limits.max_header_list_size),
             ]
+            if options.max_connection_age_ms is not None:
+                channel_options.append(("grpc.max_connection_age_ms", options.max_connection_age_ms))
+            if options.max_connection_age_grace_ms is not None:
+                channel_options.append(("grpc.max_connection_age_grace_ms", options.max_connection_age_grace_ms))
         self.server = aio.server(options=channel_options)
         handlers = {}
         guard = self._guard

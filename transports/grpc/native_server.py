@@ -33,6 +33,7 @@ from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec
 from kernel.transports.grpc.http2.connection import Http2Connection, Stream
 from kernel.transports.grpc.http2.frames import FLAG_END_HEADERS, HEADERS, U32, frame, hpack_int, literal
+from kernel.transports.grpc.http2.limits import Http2Limits
 from kernel.transports.grpc.metadata import client_metadata
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized
@@ -115,11 +116,11 @@ class GrpcStream(Stream):
 
     __slots__ = (
         "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
-        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied",
+        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
     )
 
-    def __init__(self, stream_id: int, send_window: int):
-        super().__init__(stream_id, send_window)
+    def __init__(self, stream_id: int, send_window: int, recv_window: int):
+        super().__init__(stream_id, send_window, recv_window)
         self.kind = UNARY
         self.req_type = None
         self.method = None
@@ -137,6 +138,7 @@ class GrpcStream(Stream):
         self.started_ns = 0  # when its headers arrived (only taken while tracing is on)
         self.metadata = None  # client metadata of an infer call, kept only when headers are forwarded
         self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read
+        self.call = None  # the decoded request of a unary call, between its end of input and its start
 
 
 class GrpcConnection(Http2Connection):
@@ -151,6 +153,9 @@ class GrpcConnection(Http2Connection):
         self.restricted = server.service.restricted  # None when no RPC group is restricted
         self.header_forward = server.service.header_forward  # None unless --grpc-header-forward-pattern
         self.tracer = server.service.tracer
+        self.max_message_size = server.max_message_size
+        self.max_decompressed_size = min(server.max_decompressed_size, server.max_message_size)
+        self.ready: list = []  # unary calls whose request is complete, started once the read is handled
 
     # ---- a call starts ----------------------------------------------------------
 
@@ -225,6 +230,10 @@ class GrpcConnection(Http2Connection):
         n = len(buf)
         while n - pos >= 5:
             length = U32.unpack_from(buf, pos + 1)[0]
+            if length > self.max_message_size:
+                # Refused from its length prefix, before any of it is buffered.
+                self._too_large(s, length, self.max_message_size)
+                return
             if n - pos - 5 < length:
                 break
             compressed = buf[pos]
@@ -244,16 +253,48 @@ class GrpcConnection(Http2Connection):
             s.need = 5 + U32.unpack_from(rest, 1)[0] if len(rest) >= 5 else 5
 
     def _decompress(self, s: GrpcStream, message: bytes) -> Optional[bytes]:
+        """The message inflated, never past the limit: a few KB of gzip can expand to gigabytes."""
+        if s.encoding == b"gzip":
+            wbits = 16 + zlib.MAX_WBITS
+        elif s.encoding == b"deflate":
+            wbits = zlib.MAX_WBITS
+        else:
+            self._finish(s, codec.INTERNAL, "compressed message without a grpc-encoding header")
+            return None
+        limit = self.max_decompressed_size
+        parts = []
+        size = 0
+        rest = message
         try:
-            if s.encoding == b"gzip":
-                return zlib.decompress(message, 16 + zlib.MAX_WBITS)
-            if s.encoding == b"deflate":
-                return zlib.decompress(message)
+            while True:  # one pass per gzip member
+                inflater = zlib.decompressobj(wbits)
+                part = inflater.decompress(rest, limit + 1 - size)
+                size += len(part)
+                parts.append(part)
+                if size > limit:
+                    self._too_large(s, None, limit)
+                    return None
+                if not inflater.eof:
+                    self._finish(s, codec.INTERNAL, "failed to decompress the request message: incomplete stream")
+                    return None
+                rest = inflater.unused_data
+                if not rest or wbits == zlib.MAX_WBITS:
+                    break
         except zlib.error as exc:
             self._finish(s, codec.INTERNAL, f"failed to decompress the request message: {exc}")
             return None
-        self._finish(s, codec.INTERNAL, "compressed message without a grpc-encoding header")
-        return None
+        if rest:
+            self._finish(s, codec.INTERNAL, "failed to decompress the request message: data after the stream")
+            return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _too_large(self, s: GrpcStream, size: Optional[int], limit: int) -> None:
+        # grpc C-core's status and wording for a message over the receive limit.
+        if size is None:
+            message = f"Received message larger than max (decompressed size over {limit})"
+        else:
+            message = f"Received message larger than max ({size} vs. {limit})"
+        self._finish(s, codec.RESOURCE_EXHAUSTED, message)
 
     def _on_message(self, s: GrpcStream, message: bytes) -> None:
         if s.denied is not None:
@@ -271,6 +312,9 @@ class GrpcConnection(Http2Connection):
                 s.session.end_of_input()
                 return
             s.session.handle(msg)
+        elif s.messages:
+            # Nothing more is kept for a unary call than its one request.
+            self._finish(s, codec.INTERNAL, "a unary call takes exactly one request message, got more")
         else:
             s.messages.append(message)
 
@@ -296,10 +340,30 @@ class GrpcConnection(Http2Connection):
             self._finish(s, codec.INTERNAL, PARSE_ERROR)
             return
         s.messages = None
-        if s.kind == INFER:
-            self._start_infer(s, msg)
-        else:
-            self._call_unary(s, msg)
+        s.call = msg
+        # Started once the whole read is handled: a RST_STREAM right behind the request
+        # (the rapid-reset pattern) then cancels it before any work is done.
+        self.ready.append(s)
+
+    def on_input_done(self) -> None:
+        ready = self.ready
+        if not ready:
+            return
+        self.ready = []
+        for s in ready:
+            if s.closed or s.trailers is not None:
+                continue
+            msg, s.call = s.call, None
+            if s.kind == INFER:
+                self._start_infer(s, msg)
+            else:
+                self._call_unary(s, msg)
+
+    def on_oversized_headers(self, s: GrpcStream, size: int) -> None:
+        self._finish(
+            s, codec.RESOURCE_EXHAUSTED,
+            f"received header list of {size} bytes, over the limit of {self.limits.max_header_list_size}",
+        )
 
     def _start_infer(self, s: GrpcStream, msg) -> None:
         if self.tracer.active:
@@ -477,6 +541,9 @@ class NativeServer:
         self.keepalive_timeout = getattr(options, "keepalive_timeout_ms", 20_000) / 1000.0
         self.keepalive_permit_without_calls = getattr(options, "keepalive_permit_without_calls", False)
         self.max_pings_without_data = getattr(options, "http2_max_pings_without_data", 2)
+        self.limits = options.http2_limits() if options is not None else Http2Limits()
+        self.max_message_size = getattr(options, "max_message_size", 2**31 - 1)
+        self.max_decompressed_size = getattr(options, "max_decompressed_size", 64 * 1024 * 1024)
 
     async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
         self.loop = asyncio.get_running_loop()

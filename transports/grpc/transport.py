@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from kernel.transports.restrictions import Restrictions
-from kernel.core.server import Server
+from kernel.core.server import Server, StartupError
 from kernel.core.transport import Transport
+from kernel.transports.grpc.http2.limits import Http2Limits
 from kernel.transports.grpc.service import InferenceService
 from kernel.transports.header_forward import HeaderForwarder
 
@@ -43,6 +44,22 @@ class GrpcOptions:
     keepalive_timeout_ms: int = 20_000
     keepalive_permit_without_calls: bool = False
     http2_max_pings_without_data: int = 2
+    # Ping policing (Kernel's own server and grpcio): more than this many pings too close
+    # together with no data sent end the connection (0: any number).
+    http2_max_ping_strikes: int = 2
+    http2_min_recv_ping_interval_without_data_ms: int = 300_000
+    # A graceful GOAWAY after this age, and a hard close this long after it (None: never).
+    max_connection_age_ms: Optional[int] = None
+    max_connection_age_grace_ms: Optional[int] = None
+    # Kernel only. A request message's size: tritonserver's gRPC limit (INT32_MAX), checked
+    # against the length prefix before anything is buffered.
+    max_message_size: int = 2**31 - 1
+    # Kernel only. What a compressed request message may inflate to (never more than
+    # max_message_size): the default of --http-max-input-size, which bounds compressed HTTP bodies.
+    max_decompressed_size: int = 64 * 1024 * 1024
+    # Kernel only. The other limits of Kernel's own HTTP/2 server (streams, header sizes,
+    # windows, flood policing, timeouts); the --grpc-* fields above take precedence.
+    http2: Http2Limits = dataclasses.field(default_factory=Http2Limits)
     # Triton keeps this many request/response objects for reuse; Kernel allocates
     # per request, so the value is accepted and only validated.
     infer_allocation_pool_size: int = 8
@@ -67,10 +84,34 @@ class GrpcOptions:
             raise ValueError("--grpc-keepalive-time and --grpc-keepalive-timeout must be positive")
         if self.http2_max_pings_without_data < 0:
             raise ValueError("--grpc-http2-max-pings-without-data must be >= 0")
+        if self.http2_max_ping_strikes < 0 or self.http2_min_recv_ping_interval_without_data_ms < 0:
+            raise ValueError("--grpc-http2-max-ping-strikes and --grpc-http2-min-recv-ping-interval-without-data "
+                             "must be >= 0")
+        for flag, value in (("--grpc-max-connection-age", self.max_connection_age_ms),
+                            ("--grpc-max-connection-age-grace", self.max_connection_age_grace_ms)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{flag} must be positive")
+        if self.max_message_size <= 0 or self.max_decompressed_size <= 0:
+            raise ValueError("the gRPC message size limits must be positive")
         if self.infer_allocation_pool_size < 0:
             raise ValueError("--grpc-infer-allocation-pool-size must be >= 0")
         if self.header_forward_pattern:
             HeaderForwarder(self.header_forward_pattern)  # ValueError for a bad regular expression
+
+    def http2_limits(self) -> Http2Limits:
+        """The limits of Kernel's own HTTP/2 server, with the --grpc-* flags applied."""
+
+        def seconds(ms: Optional[int]) -> Optional[float]:
+            return None if ms is None else ms / 1000.0
+
+        return dataclasses.replace(
+            self.http2,
+            max_ping_strikes=self.http2_max_ping_strikes,
+            min_recv_ping_interval_without_data=self.http2_min_recv_ping_interval_without_data_ms / 1000.0,
+            permit_pings_without_calls=self.keepalive_permit_without_calls,
+            max_connection_age=seconds(self.max_connection_age_ms),
+            max_connection_age_grace=seconds(self.max_connection_age_grace_ms),
+        )
 
     @property
     def ssl_enabled(self) -> bool:
@@ -84,6 +125,10 @@ class GrpcOptions:
             "keepalive_timeout_ms": "grpc_keepalive_timeout",
             "keepalive_permit_without_calls": "grpc_keepalive_permit_without_calls",
             "http2_max_pings_without_data": "grpc_http2_max_pings_without_data",
+            "http2_max_ping_strikes": "grpc_http2_max_ping_strikes",
+            "http2_min_recv_ping_interval_without_data_ms": "grpc_http2_min_recv_ping_interval_without_data",
+            "max_connection_age_ms": "grpc_max_connection_age",
+            "max_connection_age_grace_ms": "grpc_max_connection_age_grace",
             "infer_allocation_pool_size": "grpc_infer_allocation_pool_size",
             "use_ssl": "grpc_use_ssl",
             "use_ssl_mutual": "grpc_use_ssl_mutual",
@@ -164,8 +209,12 @@ class GrpcTransport(Transport):
 
             self._impl = GrpcioServer(self.service, self.options)
         else:
-            from kernel.transports.grpc.grpclib_server import GrpclibServer
-
+            try:
+                from kernel.transports.grpc.grpclib_server import GrpclibServer
+            except ImportError as exc:
+                raise StartupError(
+                    f"--grpc-server grpclib needs grpclib ({exc}): pip install 'kernel-inference-server[grpclib]'"
+                ) from None
             self._impl = GrpclibServer(self.service, _grpclib_config(self.options))
         await self._impl.start(self.address, self.port, ssl_context)
         bound = self._impl.bound_port()

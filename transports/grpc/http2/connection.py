@@ -6,6 +6,10 @@ of decoded header blocks), DATA with padding, flow control in both directions,
 PING, RST_STREAM, GOAWAY and WINDOW_UPDATE, and server keepalive pings;
 PRIORITY and unknown frame types are ignored and server push is never used.
 
+It also enforces what a production server bounds (limits.py): concurrent
+streams, header list size, flow-control windows, queued output, PING / SETTINGS /
+RST_STREAM floods, and handshake, idle and age timeouts.
+
 It knows nothing of what the streams carry: a subclass receives each request's
 headers, body chunks and end of input through the `on_*` hooks and answers with
 `send`, `send_whole` and `send_headers`. Output produced in one loop iteration
@@ -18,37 +22,41 @@ import asyncio
 import collections
 import logging
 import socket
-import struct
-import time
 from typing import Optional
 
-import hpack
-
 from kernel.transports.grpc.http2.frames import (
-    COMPRESSION_ERROR, CONTINUATION, DATA, DEFAULT_MAX_FRAME, DEFAULT_WINDOW, FLAG_ACK, FLAG_END_HEADERS,
+    CONTINUATION, DATA, DEFAULT_MAX_FRAME, DEFAULT_WINDOW, ENHANCE_YOUR_CALM, FLAG_ACK, FLAG_END_HEADERS,
     FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY, FLOW_CONTROL_ERROR, FRAME_HEADER, FRAME_SIZE_ERROR, GOAWAY,
     GOAWAY_PAYLOAD, HEADERS, MAX_WINDOW, NO_ERROR, PING, PREFACE, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM,
-    RST_STREAM, SETTING, SETTINGS, SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE,
-    SETTINGS_MAX_HEADER_LIST_SIZE, U32, WINDOW_UPDATE, frame, frame_head,
+    RST_STREAM, SETTING, SETTINGS, SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
+    SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE, STREAM_CLOSED, U32, WINDOW_UPDATE, frame, frame_head,
 )
+from kernel.transports.grpc.http2.headers import HeaderError, HeaderReader
+from kernel.transports.grpc.http2.limits import Http2Limits, PingPolicy, RateLimit
+from kernel.transports.grpc.http2.timers import ConnectionClock
 
 log = logging.getLogger("kernel.grpc")
 
-# What this server advertises. Large windows let big tensors arrive without
-# waiting for window updates; large frames cut per-frame work for them.
-LOCAL_WINDOW = 16 * 1024 * 1024
-LOCAL_MAX_FRAME = 1024 * 1024
-MAX_HEADER_BLOCK = 1024 * 1024
+# Stream ids remembered after their streams close, to tell HEADERS on a closed stream
+# (STREAM_CLOSED) from a new stream reusing a lower id (PROTOCOL_ERROR).
+RECENT_STREAMS = 1024
+# Seconds a closed connection may take to hand its last bytes to a client before it is dropped.
+LINGER_AFTER_ERROR = 1.0
+LINGER = 10.0
 
 
 class Stream:
     """The HTTP/2 state of one stream; a subclass adds what the application keeps per request."""
 
-    __slots__ = ("id", "recv_unacked", "send_window", "pending", "trailers", "remote_closed", "closed", "headers_sent")
+    __slots__ = (
+        "id", "recv_unacked", "recv_window", "send_window", "pending", "trailers", "remote_closed", "closed",
+        "headers_sent",
+    )
 
-    def __init__(self, stream_id: int, send_window: int):
+    def __init__(self, stream_id: int, send_window: int, recv_window: int):
         self.id = stream_id
         self.recv_unacked = 0
+        self.recv_window = recv_window  # what the client may still send before a WINDOW_UPDATE
         self.send_window = send_window
         self.pending: collections.deque = collections.deque()  # DATA payloads waiting for window
         self.trailers: Optional[bytes] = None  # set once the answer is complete: sent after pending
@@ -60,9 +68,10 @@ class Stream:
 class ProtocolError(Exception):
     """A connection error: answered with GOAWAY carrying `code`, then the connection closes."""
 
-    def __init__(self, code: int, message: str):
+    def __init__(self, code: int, message: str, debug: bytes = b""):
         super().__init__(message)
         self.code = code
+        self.debug = debug
 
 
 class Http2Connection(asyncio.Protocol):
@@ -71,25 +80,33 @@ class Http2Connection(asyncio.Protocol):
     stream_type = Stream
 
     def __init__(self, server):
-        self.server = server  # has .loop, .connections and the keepalive settings
+        self.server = server  # has .loop, .connections, .limits and the keepalive settings
         self.loop = server.loop
+        self.limits: Http2Limits = server.limits
         self.transport = None
         self.streams: dict[int, Stream] = {}
         self.partial: Optional[bytearray] = None  # an incomplete frame (or preface)
         self.partial_need = 0  # bytes partial must reach before it can be parsed
         self.preface_seen = False
+        self.settings_seen = False
         self.last_stream_id = 0
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
-        self.header_cache: dict[bytes, tuple] = {}
-        self.table_generation = 0
-        self.header_block: Optional[bytearray] = None  # HEADERS awaiting CONTINUATION
-        self.header_stream = 0
-        self.header_flags = 0
+        self.recent_ids: collections.deque = collections.deque(maxlen=RECENT_STREAMS)
+        self.headers = HeaderReader(self.limits)
         # flow control
         self.send_window = DEFAULT_WINDOW
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = DEFAULT_MAX_FRAME
         self.recv_unacked = 0
+        self.recv_window = self.limits.initial_window  # after the WINDOW_UPDATE sent with SETTINGS
+        self.reading_paused = False
+        self.granting: list = []  # streams owed a WINDOW_UPDATE at the end of this read
+        # flood policing
+        self.pings = PingPolicy(self.limits)
+        self.sent_data = False  # DATA or HEADERS went out since the last ping arrived
+        self.control_queued = 0  # PING/SETTINGS acknowledgements written since the client last read
+        self.settings_rate = RateLimit(self.limits.settings_burst, self.limits.settings_rate)
+        self.reset_rate = RateLimit(self.limits.reset_burst, self.limits.reset_rate)
+        self.idle_since = 0.0  # when the last stream closed
         self.blocked: dict[int, Stream] = {}  # streams with output waiting for window
         # output coalescing: frames produced in one loop iteration leave in one write
         self.out: list = []
@@ -97,10 +114,8 @@ class Http2Connection(asyncio.Protocol):
         self.paused = False
         self.closing = False
         self.goaway_sent = False
-        # keepalive
-        self.ping_timer = None
-        self.ping_deadline = None
-        self.pings_without_data = 0
+        self.pings_without_data = 0  # keepalive pings sent since DATA or HEADERS last went out
+        self.clock = ConnectionClock(self)
 
     # ---- hooks for the application layer ----------------------------------------
 
@@ -119,6 +134,20 @@ class Http2Connection(asyncio.Protocol):
     def on_closed(self, s: Stream) -> None:
         """The stream is over or abandoned: stop whatever work it started."""
 
+    def on_input_done(self) -> None:
+        """Everything in one read has been handled (frames after a request may have reset it)."""
+
+    def on_oversized_headers(self, s: Stream, size: int) -> None:
+        """A request whose header list is over max_header_list_size: refuse the stream."""
+        self.close_stream(s)
+        self.write(frame(RST_STREAM, 0, s.id, U32.pack(REFUSED_STREAM)))
+
+    def abort(self) -> None:
+        """Stop every stream's work and close (the application may answer them first)."""
+        for s in list(self.streams.values()):
+            self.abandon(s)
+        self.close_soon()
+
     # ---- connection lifecycle -------------------------------------------------
 
     def connection_made(self, transport) -> None:
@@ -130,25 +159,29 @@ class Http2Connection(asyncio.Protocol):
             except (OSError, AttributeError):
                 pass
         self.server.connections.add(self)
+        limits = self.limits
         settings = b"".join(
             SETTING.pack(k, v)
             for k, v in (
                 (SETTINGS_ENABLE_PUSH, 0),
-                (SETTINGS_INITIAL_WINDOW_SIZE, LOCAL_WINDOW),
-                (SETTINGS_MAX_FRAME_SIZE, LOCAL_MAX_FRAME),
-                (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_BLOCK),
+                (SETTINGS_MAX_CONCURRENT_STREAMS, limits.max_concurrent_streams),
+                (SETTINGS_INITIAL_WINDOW_SIZE, limits.initial_window),
+                (SETTINGS_MAX_FRAME_SIZE, limits.max_frame_size),
+                (SETTINGS_MAX_HEADER_LIST_SIZE, limits.max_header_list_size),
             )
         )
         self.write(frame(SETTINGS, 0, 0, settings))
-        self.write(frame(WINDOW_UPDATE, 0, 0, U32.pack(LOCAL_WINDOW - DEFAULT_WINDOW)))
-        self._schedule_ping()
+        if limits.initial_window > DEFAULT_WINDOW:
+            self.write(frame(WINDOW_UPDATE, 0, 0, U32.pack(limits.initial_window - DEFAULT_WINDOW)))
+        self.idle_since = self.loop.time()
+        self.clock.start()
 
     def connection_lost(self, exc) -> None:
         self.closing = True
         self.server.connections.discard(self)
-        for timer in (self.ping_timer, self.ping_deadline, self.flush_handle):
-            if timer is not None:
-                timer.cancel()
+        self.clock.stop()
+        if self.flush_handle is not None:
+            self.flush_handle.cancel()
         streams, self.streams = self.streams, {}
         for s in streams.values():
             self.abandon(s)
@@ -159,6 +192,11 @@ class Http2Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.paused = False
+        self.control_queued = 0  # the client reads what it is sent
+        if self.reading_paused:
+            self.reading_paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
         for s in list(self.blocked.values()):
             self._pump(s)
 
@@ -195,13 +233,15 @@ class Http2Connection(asyncio.Protocol):
                 length = (hi << 8) | lo
                 start = pos + 9
                 if end - start < length:
-                    if length > LOCAL_MAX_FRAME:
+                    if length > self.limits.max_frame_size:
                         raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                     break
                 pos = start + length
                 stream_id &= 0x7FFFFFFF
-                if self.header_block is not None and kind != CONTINUATION:
+                if self.headers.block is not None and kind != CONTINUATION:
                     raise ProtocolError(PROTOCOL_ERROR, "expected a CONTINUATION frame")
+                if not self.settings_seen and kind != SETTINGS:
+                    raise ProtocolError(PROTOCOL_ERROR, "the connection preface must start with SETTINGS")
                 if kind == DATA:
                     self._on_data(stream_id, flags, buf, start, pos)
                 elif kind == HEADERS:
@@ -215,17 +255,18 @@ class Http2Connection(asyncio.Protocol):
                 elif kind == PING:
                     self._on_ping(flags, buf[start:pos])
                 elif kind == RST_STREAM:
-                    self._on_rst_stream(stream_id)
+                    self._on_rst_stream(stream_id, pos - start)
                 elif kind == GOAWAY:
                     self._on_goaway()
                 elif kind == PUSH_PROMISE:
                     raise ProtocolError(PROTOCOL_ERROR, "clients must not push")
                 # PRIORITY and unknown frame types are ignored
-        except ProtocolError as exc:
+        except (ProtocolError, HeaderError) as exc:
             log.debug("HTTP/2 protocol error from a client: %s", exc)
-            self.goaway(exc.code)
-            self.close_soon()
+            self.goaway(exc.code, getattr(exc, "debug", b"") or str(exc).encode("ascii", "replace")[:256])
+            self.close_soon(LINGER_AFTER_ERROR)
             return
+        self.on_input_done()
         if pos < end:
             rest = bytearray(buf[pos:]) if pos else bytearray(buf)
             self.partial = rest
@@ -234,13 +275,35 @@ class Http2Connection(asyncio.Protocol):
                 self.partial_need = 9 + ((hi << 8) | lo)
             else:
                 self.partial_need = 9
-        if self.recv_unacked >= LOCAL_WINDOW // 2:
+        if self.granting:
+            self._grant_streams()
+        if self.recv_unacked >= self.limits.initial_window // 2:
             self.write(frame(WINDOW_UPDATE, 0, 0, U32.pack(self.recv_unacked)))
+            self.recv_window += self.recv_unacked
             self.recv_unacked = 0
+        if self.paused and not self.reading_paused:
+            transport = self.transport
+            if transport.get_write_buffer_size() > self.limits.output_limit and not transport.is_closing():
+                # The client is not reading what it is sent: stop reading what it sends.
+                self.reading_paused = True
+                transport.pause_reading()
+
+    def _grant_streams(self) -> None:
+        """Window updates for what streams received in this read: a client sending past what it
+        was granted (more than a window in one read) is caught rather than granted more."""
+        granting, self.granting = self.granting, []
+        for s in granting:
+            if not s.closed and not s.remote_closed and s.recv_unacked:
+                self.write(frame(WINDOW_UPDATE, 0, s.id, U32.pack(s.recv_unacked)))
+                s.recv_window += s.recv_unacked
+                s.recv_unacked = 0
 
     def _on_data(self, stream_id: int, flags: int, buf, start: int, stop: int) -> None:
         size = stop - start
         self.recv_unacked += size
+        self.recv_window -= size
+        if self.recv_window < 0:
+            raise ProtocolError(FLOW_CONTROL_ERROR, "DATA beyond the connection's flow-control window")
         if flags & FLAG_PADDED:
             if size < 1:
                 raise ProtocolError(PROTOCOL_ERROR, "bad padding")
@@ -250,19 +313,24 @@ class Http2Connection(asyncio.Protocol):
             if stop < start:
                 raise ProtocolError(PROTOCOL_ERROR, "bad padding")
         s = self.streams.get(stream_id)
-        if s is None or s.remote_closed:
+        if s is None:
             if stream_id == 0 or stream_id > self.last_stream_id:
                 raise ProtocolError(PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a stream we already closed: the data is dropped (window counted above)
+            return  # a stream already closed (and reset): the data is dropped, its window counted above
+        if s.remote_closed:
+            self._stream_error(s, STREAM_CLOSED)  # DATA after END_STREAM
+            return
+        s.recv_window -= size
+        if s.recv_window < 0:
+            self._stream_error(s, FLOW_CONTROL_ERROR)
+            return
+        s.recv_unacked += size
         if start < stop:
-            chunk = buf[start:stop]
-            s.recv_unacked += size
-            self.on_body(s, chunk)
-            if not (flags & FLAG_END_STREAM) and s.recv_unacked >= LOCAL_WINDOW // 2 and not s.closed:
-                self.write(frame(WINDOW_UPDATE, 0, stream_id, U32.pack(s.recv_unacked)))
-                s.recv_unacked = 0
+            self.on_body(s, buf[start:stop])
         if flags & FLAG_END_STREAM:
             self.remote_end(s)
+        elif s.recv_unacked >= self.limits.initial_window // 2 and not s.closed and s not in self.granting:
+            self.granting.append(s)  # its WINDOW_UPDATE goes out once this read is handled
 
     def _on_headers(self, stream_id: int, flags: int, payload: bytes) -> None:
         if stream_id == 0:
@@ -283,60 +351,55 @@ class Http2Connection(asyncio.Protocol):
         if flags & FLAG_END_HEADERS:
             self._on_header_block(stream_id, flags, block)
         else:
-            self.header_block = bytearray(block)
-            self.header_stream = stream_id
-            self.header_flags = flags
+            self.headers.begin(stream_id, flags, block)
 
     def _on_continuation(self, stream_id: int, flags: int, payload: bytes) -> None:
-        if self.header_block is None or stream_id != self.header_stream:
-            raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION frame")
-        self.header_block += payload
-        if len(self.header_block) > MAX_HEADER_BLOCK:
-            raise ProtocolError(PROTOCOL_ERROR, "header block too large")
-        if flags & FLAG_END_HEADERS:
-            block = bytes(self.header_block)
-            self.header_block = None
-            self._on_header_block(stream_id, self.header_flags, block)
-
-    def _decode_headers(self, block: bytes) -> list:
-        cached = self.header_cache.get(block)
-        if cached is not None and cached[0] == self.table_generation:
-            return cached[1]
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        before = (len(entries), entries[0] if entries else None, table.maxsize)
-        try:
-            headers = self.decoder.decode(block, raw=True)
-        except hpack.HPACKError as exc:
-            raise ProtocolError(COMPRESSION_ERROR, f"cannot decode header block: {exc}") from None
-        after = (len(entries), entries[0] if entries else None, table.maxsize)
-        if after[0] != before[0] or after[1] is not before[1] or after[2] != before[2]:
-            # The block changed the decoder's table: earlier cache entries may now decode differently.
-            self.table_generation += 1
-            self.header_cache.clear()
-        elif len(self.header_cache) < 256:
-            self.header_cache[block] = (self.table_generation, headers)
-        return headers
+        block = self.headers.continuation(stream_id, payload, bool(flags & FLAG_END_HEADERS))
+        if block is not None:
+            self._on_header_block(stream_id, self.headers.flags, block)
 
     def _on_header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        headers = self._decode_headers(block)
+        # Decoded even when the stream is refused: the HPACK state must follow every block.
+        headers, size = self.headers.decode(block)
         s = self.streams.get(stream_id)
         if s is not None:
             # Trailers from the client: only their END_STREAM matters.
-            if flags & FLAG_END_STREAM:
+            if s.remote_closed:
+                self._stream_error(s, STREAM_CLOSED)
+            elif not flags & FLAG_END_STREAM:
+                self._stream_error(s, PROTOCOL_ERROR)  # a second header block must end the stream
+            else:
                 self.remote_end(s)
             return
-        if stream_id <= self.last_stream_id or not stream_id & 1:
-            if stream_id <= self.last_stream_id:
-                return  # a late frame for a stream we have already forgotten
-            raise ProtocolError(PROTOCOL_ERROR, "invalid stream id")
+        if not stream_id & 1:
+            raise ProtocolError(PROTOCOL_ERROR, "clients open odd-numbered streams")
+        if stream_id <= self.last_stream_id:
+            if stream_id in self.recent_ids:
+                self._refuse(stream_id, STREAM_CLOSED)  # HEADERS on a stream that is closed
+                return
+            raise ProtocolError(PROTOCOL_ERROR, "a new stream id lower than an earlier one")
         self.last_stream_id = stream_id
-        s = self.stream_type(stream_id, self.peer_initial_window)
-        if self.goaway_sent:
-            self.write(frame(RST_STREAM, 0, stream_id, U32.pack(REFUSED_STREAM)))
+        self.recent_ids.append(stream_id)
+        if self.goaway_sent or len(self.streams) >= self.limits.max_concurrent_streams:
+            self._refuse(stream_id, REFUSED_STREAM)
             return
+        s = self.stream_type(stream_id, self.peer_initial_window, self.limits.initial_window)
         self.streams[stream_id] = s
+        if size > self.limits.max_header_list_size:
+            self.on_oversized_headers(s, size)
+            return
         self.on_request(s, headers, bool(flags & FLAG_END_STREAM))
+
+    def _refuse(self, stream_id: int, code: int) -> None:
+        """RST_STREAM for a stream never started; a flood of them is a rapid-reset attack."""
+        if not self.reset_rate.allow():
+            raise ProtocolError(ENHANCE_YOUR_CALM, "too many refused or reset streams", b"too_many_resets")
+        self.write(frame(RST_STREAM, 0, stream_id, U32.pack(code)))
+
+    def _stream_error(self, s: Stream, code: int) -> None:
+        """A stream error (RFC 9113 section 5.4.2): the stream's work stops and it is reset."""
+        self.abandon(s)
+        self.write(frame(RST_STREAM, 0, s.id, U32.pack(code)))
 
     def remote_end(self, s: Stream) -> None:
         """The client's half of the stream is closed: tell the application once."""
@@ -349,9 +412,16 @@ class Http2Connection(asyncio.Protocol):
         if stream_id != 0:
             raise ProtocolError(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & FLAG_ACK:
+            if payload:
+                raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS acknowledgement with a payload")
             return
         if len(payload) % 6:
             raise ProtocolError(FRAME_SIZE_ERROR, "bad SETTINGS length")
+        if not self.settings_seen:
+            self.settings_seen = True
+            self.clock.handshake_done()
+        elif not self.settings_rate.allow():
+            raise ProtocolError(ENHANCE_YOUR_CALM, "SETTINGS flood", b"too_many_settings")
         for off in range(0, len(payload), 6):
             key, value = SETTING.unpack_from(payload, off)
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
@@ -361,12 +431,14 @@ class Http2Connection(asyncio.Protocol):
                 self.peer_initial_window = value
                 for s in self.streams.values():
                     s.send_window += delta
+                    if s.send_window > MAX_WINDOW:
+                        raise ProtocolError(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE overflows a window")
             elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not 16_384 <= value <= 16_777_215:
                     raise ProtocolError(PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
                 self.peer_max_frame = value
             # header table size: this server's encoder never uses the dynamic table
-        self.write(frame(SETTINGS, FLAG_ACK, 0))
+        self._control_ack(frame(SETTINGS, FLAG_ACK, 0))
         if self.blocked:
             for s in list(self.blocked.values()):
                 self._pump(s)
@@ -376,6 +448,8 @@ class Http2Connection(asyncio.Protocol):
             raise ProtocolError(FRAME_SIZE_ERROR, "bad WINDOW_UPDATE length")
         increment = U32.unpack(payload)[0] & 0x7FFFFFFF
         if stream_id == 0:
+            if increment == 0:
+                raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE with a zero increment")
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
                 raise ProtocolError(FLOW_CONTROL_ERROR, "connection window overflow")
@@ -384,9 +458,17 @@ class Http2Connection(asyncio.Protocol):
                 if self.send_window <= 0:
                     break
             return
+        if stream_id > self.last_stream_id:
+            raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
         s = self.streams.get(stream_id)
         if s is not None:
+            if increment == 0:
+                self._stream_error(s, PROTOCOL_ERROR)
+                return
             s.send_window += increment
+            if s.send_window > MAX_WINDOW:
+                self._stream_error(s, FLOW_CONTROL_ERROR)
+                return
             if s.pending:
                 self._pump(s)
 
@@ -394,16 +476,34 @@ class Http2Connection(asyncio.Protocol):
         if len(payload) != 8:
             raise ProtocolError(FRAME_SIZE_ERROR, "bad PING length")
         if flags & FLAG_ACK:
-            if self.ping_deadline is not None:
-                self.ping_deadline.cancel()
-                self.ping_deadline = None
+            self.clock.ping_acked()
             return
-        self.write(frame(PING, FLAG_ACK, 0, payload))
+        if self.sent_data:
+            self.sent_data = False
+            self.pings.reset()
+        if self.pings.bad(idle=not self.streams):
+            raise ProtocolError(ENHANCE_YOUR_CALM, "too many pings", b"too_many_pings")
+        self._control_ack(frame(PING, FLAG_ACK, 0, payload))
 
-    def _on_rst_stream(self, stream_id: int) -> None:
+    def _control_ack(self, data: bytes) -> None:
+        """Acknowledge a PING or SETTINGS, unless the client lets acknowledgements pile up unread."""
+        self.control_queued += 1
+        if self.control_queued > self.limits.max_queued_control_frames:
+            if self.transport.get_write_buffer_size() > self.limits.max_queued_control_frames * 9:
+                raise ProtocolError(ENHANCE_YOUR_CALM, "control frames flood", b"flood")
+            self.control_queued = 0  # what was queued has been read
+        self.write(data)
+
+    def _on_rst_stream(self, stream_id: int, length: int) -> None:
+        if length != 4:
+            raise ProtocolError(FRAME_SIZE_ERROR, "bad RST_STREAM length")
+        if stream_id == 0 or stream_id > self.last_stream_id:
+            raise ProtocolError(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
         s = self.streams.pop(stream_id, None)
         if s is not None:
             self.abandon(s)
+            if not self.reset_rate.allow():
+                raise ProtocolError(ENHANCE_YOUR_CALM, "too many reset streams", b"too_many_resets")
 
     def _on_goaway(self) -> None:
         # The client will open no new streams; close once the current ones are done.
@@ -432,6 +532,7 @@ class Http2Connection(asyncio.Protocol):
         out.extend(chunks)
         out.append(frame(HEADERS, FLAG_END_STREAM | FLAG_END_HEADERS, sid, trailer_block))
         self.pings_without_data = 0
+        self.sent_data = True
         if not s.remote_closed:
             out.append(frame(RST_STREAM, 0, sid, U32.pack(NO_ERROR)))
         if self.streams:
@@ -455,6 +556,7 @@ class Http2Connection(asyncio.Protocol):
         if trailers is not None:
             s.trailers = trailers
         self.pings_without_data = 0
+        self.sent_data = True
         self._pump(s)
 
     def _pump(self, s: Stream) -> None:
@@ -503,8 +605,10 @@ class Http2Connection(asyncio.Protocol):
         self.on_closed(s)
         self.blocked.pop(s.id, None)
         self.streams.pop(s.id, None)
-        if self.closing and not self.streams:
-            self.close_soon()
+        if not self.streams:
+            self.idle_since = self.loop.time()
+            if self.closing:
+                self.close_soon()
 
     def reset_if_open(self, s: Stream) -> None:
         # The answer is complete; if the client is still sending, tell it to stop.
@@ -531,10 +635,10 @@ class Http2Connection(asyncio.Protocol):
 
     # ---- connection control -------------------------------------------------------
 
-    def goaway(self, code: int = NO_ERROR) -> None:
+    def goaway(self, code: int = NO_ERROR, debug: bytes = b"") -> None:
         if not self.goaway_sent:
             self.goaway_sent = True
-            self.write(frame(GOAWAY, 0, 0, GOAWAY_PAYLOAD.pack(self.last_stream_id, code)))
+            self.write(frame(GOAWAY, 0, 0, GOAWAY_PAYLOAD.pack(self.last_stream_id, code) + debug))
 
     def shutdown(self) -> None:
         """Graceful stop: no new streams; the connection closes when its streams are done."""
@@ -543,37 +647,18 @@ class Http2Connection(asyncio.Protocol):
         if not self.streams:
             self.close_soon()
 
-    def close_soon(self) -> None:
-        self.loop.call_soon(self.close_now)
+    def close_soon(self, linger: float = LINGER) -> None:
+        self.loop.call_soon(self.close_now, linger)
 
-    def close_now(self) -> None:
+    def close_now(self, linger: float = LINGER) -> None:
+        """Hand what is queued to the client and close; drop it if it is not read within `linger` seconds."""
         if self.flush_handle is not None:
             self.flush_handle.cancel()
         self.flush()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
-
-    # ---- keepalive ------------------------------------------------------------------
-
-    def _schedule_ping(self) -> None:
-        interval = self.server.keepalive_time
-        if interval:
-            self.ping_timer = self.loop.call_later(interval, self._keepalive)
-
-    def _keepalive(self) -> None:
-        self.ping_timer = None
-        server = self.server
-        if self.transport is None or self.transport.is_closing():
-            return
-        allowed = server.keepalive_permit_without_calls or bool(self.streams)
-        limit = server.max_pings_without_data
-        if allowed and (limit == 0 or self.pings_without_data < limit) and self.ping_deadline is None:
-            self.write(frame(PING, 0, 0, struct.pack(">Q", time.monotonic_ns() & (2**64 - 1))))
-            self.pings_without_data += 1
-            self.ping_deadline = self.loop.call_later(server.keepalive_timeout, self._keepalive_expired)
-        self._schedule_ping()
-
-    def _keepalive_expired(self) -> None:
-        self.ping_deadline = None
-        log.info("closing a gRPC connection: no answer to a keepalive ping")
-        self.close_now()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            if self.reading_paused:
+                self.reading_paused = False
+                transport.resume_reading()  # (a closing transport reads nothing, but it must see the close)
+            self.loop.call_later(linger, transport.abort)
