@@ -199,7 +199,7 @@ class CupyIpcOpener:
         runtime = cupy.cuda.runtime
         try:
             with cupy.cuda.Device(device_id):
-                ptr = runtime.ipcOpenMemHandle(raw_handle, runtime.cudaIpcMemLazyEnablePeerAccess)
+                ptr = runtime.ipcOpenMemHandle(raw_handle)  # flags: cudaIpcMemLazyEnablePeerAccess
         except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: a stale or foreign handle
             raise KernelError(ErrorCode.INVALID_ARG, f"failed to open CUDA IPC handle: {exc}") from None
         return _CupyMemory(cupy, device_id, ptr, byte_size)
