@@ -114,3 +114,21 @@ def test_bad_handle_and_bad_device(runtime):
         regions.register("r", runtime.export(b"x" * 16), 3, 16)
     assert info.value.message == "failed to register CUDA shared memory region: 'r', invalid device id 3"
     assert regions.status() == []
+
+
+class NeverOpens:
+    def open(self, *args):
+        raise AssertionError("a request that fails the registry's checks reached the opener")
+
+
+@pytest.mark.parametrize("name,handle,device_id,byte_size,message", [
+    ("", b"\0" * 64, 0, 16, "'region name' is necessary to register cuda shared memory region"),
+    ("r", b"\0" * 63, 0, 16, "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"),
+    ("r", b"\0" * 64, -1, 16, "failed to register CUDA shared memory region 'r': device_id must be >= 0"),
+    ("r", b"\0" * 64, 0, 0, "failed to register CUDA shared memory region 'r': byte_size must be greater than 0"),
+])
+def test_registry_checks_come_before_the_open(name, handle, device_id, byte_size, message):
+    """gRPC hands these over unchecked (int64 device_id, any bytes), so the registry checks them."""
+    with pytest.raises(KernelError) as info:
+        CudaRegions(NeverOpens()).register(name, handle, device_id, byte_size)
+    assert (info.value.code, info.value.message) == (ErrorCode.INVALID_ARG, message)
