@@ -29,6 +29,7 @@ DIFFERENCES: dict[str, str] = {
     "load-file-escapes": _CLIENT_ERRORS,
     "load-bad-config-override": _CLIENT_ERRORS,
     "load-bad-parameter-type": _CLIENT_ERRORS + " (the words are Triton's)",
+    "repository-index-ready-not-bool": _CLIENT_ERRORS + " (the words are Triton's)",
     "shm-register-no-such-key": _SHM_CLIENT_ERRORS,
     "grpc-shm-register-bad": _SHM_CLIENT_ERRORS,
     "unload-bad-dependents":
@@ -89,6 +90,17 @@ OPEN: dict[str, str] = {
                                        "load-syntax-error and load-broken-config, as they appear in the index",
     "grpc-repository-index": "as repository-index-after-failures",
     "vertex-redirect-index": "as repository-index-after-failures",
+    "infer-classification": "transports/http: the 'classification' output parameter is ignored (Triton answers "
+                            "the top classes as BYTES '<value>:<index>')",
+    "grpc-infer-classification": "transports/grpc: the 'classification' output parameter is refused as "
+                                 "UNIMPLEMENTED (Triton answers the top classes)",
+    "infer-raw-binary-single-input": "transports/http: a raw binary body (Inference-Header-Content-Length: 0) "
+                                     "for a one-input model is refused as empty JSON; Triton takes it as the input",
+    "stats-all": "follows from infer-decoupled-over-http and infer-raw-binary-single-input: Kernel ran the "
+                 "first, which Triton refused, and refused the second, which Triton ran",
+    "grpc-statistics-all": "as stats-all",
+    "grpc-cuda-shm-register": "transports/grpc (CUDA shared memory on a machine without GPUs): Triton says "
+                              "'failed to register shared memory region: invalid args'",
 }
 
 # requests left out of the table: what real Triton 2.51 does with them, and where Kernel is tested

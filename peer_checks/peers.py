@@ -236,6 +236,7 @@ def send_grpc(peer: Peer, rpc: str, request: dict, metadata: tuple = (), timeout
         "SystemSharedMemoryRegister": "SystemSharedMemoryRegisterRequest",
         "SystemSharedMemoryUnregister": "SystemSharedMemoryUnregisterRequest",
         "CudaSharedMemoryStatus": "CudaSharedMemoryStatusRequest",
+        "CudaSharedMemoryRegister": "CudaSharedMemoryRegisterRequest",
         "TraceSetting": "TraceSettingRequest", "LogSettings": "LogSettingsRequest",
     }[rpc]
     message = json_format.ParseDict(request, getattr(service_pb2, request_type)())

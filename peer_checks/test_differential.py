@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import struct
 import sys
 from pathlib import Path
 
@@ -45,11 +47,16 @@ def pair(tmp_path_factory):
         triton.stop()
         raise
     model_py = base64.b64encode((paths["repo"] / "add_sub" / "1" / "model.py").read_bytes()).decode()
+    # A POSIX shared-memory object both servers can register: INPUT0 then INPUT1 of add_sub.
+    shm_key = f"/kernel_peer_check_{os.getpid()}"
+    Path("/dev/shm" + shm_key).write_bytes(struct.pack("<8f", 1, 2, 3, 4, 10, 20, 30, 40))
     try:
-        yield {"triton": triton, "kernel": kernel, "base": str(base), "mme": str(paths["mme"]), "model_py": model_py}
+        yield {"triton": triton, "kernel": kernel, "base": str(base), "mme": str(paths["mme"]),
+               "model_py": model_py, "shm_key": shm_key}
     finally:
         kernel.stop()
         triton.stop()
+        Path("/dev/shm" + shm_key).unlink(missing_ok=True)
 
 
 def _fill(data, pair):
@@ -58,6 +65,7 @@ def _fill(data, pair):
         return None
     text = data.decode("utf-8", "surrogateescape")
     text = text.replace("{mme}", pair["mme"]).replace("{add_sub_model_py}", pair["model_py"])
+    text = text.replace("{shm_key}", pair["shm_key"])
     return text.encode("utf-8", "surrogateescape")
 
 
@@ -65,7 +73,8 @@ def _send(peer: peers.Peer, case: Case, pair) -> peers.Answer:
     if case.kind == "http":
         return peers.send_http(peer, case.endpoint, case.method, case.path, _fill(case.body, pair), case.headers)
     if case.kind == "grpc":
-        return peers.send_grpc(peer, case.rpc, case.request, case.metadata)
+        request = json.loads(_fill(json.dumps(case.request).encode(), pair))
+        return peers.send_grpc(peer, case.rpc, request, case.metadata)
     return peers.send_grpc_stream(peer, case.request)
 
 
@@ -82,8 +91,8 @@ def _view(answer: peers.Answer, case: Case, base: str):
 def test_same_answer(pair, case):
     triton = _view(_send(pair["triton"], case, pair), case, pair["base"])
     kernel = _view(_send(pair["kernel"], case, pair), case, pair["base"])
-    shown = (f"\n  triton: {json.dumps(triton, default=repr)[:1500]}\n"
-             f"  kernel: {json.dumps(kernel, default=repr)[:1500]}")
+    shown = (f"\n  triton: {json.dumps(triton, default=repr)[:20000]}\n"
+             f"  kernel: {json.dumps(kernel, default=repr)[:20000]}")
     if triton == kernel:
         RESULTS[case.id] = "stale" if case.id in DIFFERENCES or case.id in OPEN else "same"
     elif case.id in DIFFERENCES:

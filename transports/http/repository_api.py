@@ -99,7 +99,8 @@ def _parse_body(body: bytes) -> dict:
 def _ready_flag(request: dict) -> bool:
     ready = request.get("ready", False)
     if not isinstance(ready, bool):
-        raise KernelError(ErrorCode.INVALID_ARG, "Invalid value for 'ready': expected a boolean")
+        # tritonserver's words (its status is 500; a client's mistake is 400 here, issue 14)
+        raise KernelError(ErrorCode.INVALID_ARG, "attempt to access JSON non-boolean as boolean")
     return ready
 
 
