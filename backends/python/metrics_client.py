@@ -162,7 +162,7 @@ class MetricsClient:
 
 def handle_ops(instance, registry, ops: list[messages.MetricOp]) -> None:
     """Apply a worker's metric operations to the server's CustomMetrics (front process)."""
-    from kernel.observe.metrics import MetricError
+    from kernel.observe.custom_metrics import MetricError
 
     for op in ops:
         value = 0.0

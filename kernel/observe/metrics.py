@@ -19,12 +19,7 @@ these names literally.
 
 from __future__ import annotations
 
-import bisect
 import logging
-import math
-import random
-import re
-import time
 from typing import Iterable, Optional
 
 from prometheus_client.metrics_core import Metric
@@ -34,6 +29,8 @@ from kernel.core import stats as st
 from kernel.core.gpu import NvmlReader
 from kernel.observe.gpu_metrics import gpu_families
 from kernel.observe import cache_metrics
+from kernel.observe.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetrics
+from kernel.observe.distributions import SUMMARIES, LatencyObserver, add_histogram, add_summary, format_value
 
 log = logging.getLogger("kernel.core.server")
 
@@ -41,10 +38,6 @@ DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.
 FIRST_RESPONSE_HISTOGRAM = "nv_inference_first_response_histogram_ms"
 DEFAULT_FIRST_RESPONSE_BUCKETS = (100.0, 500.0, 2000.0, 5000.0)
 
-COUNTER, GAUGE, HISTOGRAM = 0, 1, 2  # pb_utils.MetricFamily kinds
-_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_KIND_TYPE = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
 
 # (family, help) of Triton's per-model families, in registration order.
 _COUNTERS = (
@@ -66,18 +59,6 @@ _LATENCY_COUNTERS = (
     ("nv_inference_compute_output_duration_us",
      "Cumulative inference compute output duration in microseconds (does not include cached requests)",
      "compute_output_ns"),
-)
-_SUMMARIES = (
-    ("nv_inference_request_summary_us",
-     "Summary of inference request duration in microseconds (includes cached requests)"),
-    ("nv_inference_queue_summary_us",
-     "Summary of inference queuing duration in microseconds (includes cached requests)"),
-    ("nv_inference_compute_input_summary_us",
-     "Cumulative compute input duration in microseconds (does not include cached requests)"),
-    ("nv_inference_compute_infer_summary_us",
-     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
-    ("nv_inference_compute_output_summary_us",
-     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
 )
 
 
@@ -139,280 +120,6 @@ def parse_quantiles(text: str) -> tuple[tuple[float, float], ...]:
         except ValueError as exc:
             log.error("Invalid option: [%s]. Error: %s", item, exc)
     return tuple(out)
-
-
-# --------------------------------------------------------------------------- summaries, histograms
-
-
-class _Summary:
-    """Quantiles over a sliding window (60 s in 5 rotating buckets), plus all-time count and sum.
-
-    Each age bucket keeps a bounded uniform sample of what it saw, so memory
-    stays flat under any load; quantiles are read off the merged samples.
-    """
-
-    __slots__ = ("quantiles", "count", "sum", "_buckets", "_seen", "_rotated")
-
-    MAX_AGE_S = 60.0
-    AGE_BUCKETS = 5
-    SAMPLE = 2048
-
-    def __init__(self, quantiles) -> None:
-        self.quantiles = quantiles
-        self.count = 0
-        self.sum = 0.0
-        self._buckets: list[list[float]] = [[] for _ in range(self.AGE_BUCKETS)]
-        self._seen = [0] * self.AGE_BUCKETS
-        self._rotated = time.monotonic()
-
-    def _rotate(self) -> None:
-        step = self.MAX_AGE_S / self.AGE_BUCKETS
-        now = time.monotonic()
-        while now - self._rotated >= step:
-            self._rotated += step
-            self._buckets.pop(0)
-            self._buckets.append([])
-            self._seen.pop(0)
-            self._seen.append(0)
-
-    def observe(self, value: float) -> None:
-        self.count += 1
-        self.sum += value
-        self._rotate()
-        bucket = self._buckets[-1]
-        self._seen[-1] += 1
-        if len(bucket) < self.SAMPLE:
-            bucket.append(value)
-        else:
-            j = random.randrange(self._seen[-1])
-            if j < self.SAMPLE:
-                bucket[j] = value
-
-    def values(self) -> list[tuple[float, float]]:
-        self._rotate()
-        merged = sorted(v for b in self._buckets for v in b)
-        out = []
-        for q, _ in self.quantiles:
-            if not merged:
-                out.append((q, math.nan))
-            else:
-                out.append((q, merged[min(len(merged) - 1, max(0, math.ceil(q * len(merged)) - 1))]))
-        return out
-
-
-class _Histogram:
-    __slots__ = ("bounds", "counts", "count", "sum")
-
-    def __init__(self, bounds: Iterable[float]) -> None:
-        self.bounds = sorted(float(b) for b in bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.count += 1
-        self.sum += value
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        out = []
-        running = 0
-        for bound, n in zip(self.bounds, self.counts):
-            running += n
-            out.append((_fmt(bound), running))
-        out.append(("+Inf", self.count))
-        return out
-
-
-class LatencyObserver:
-    """Per-model latency summaries / first-response histogram (only when configured)."""
-
-    __slots__ = ("summaries", "first_response")
-
-    def __init__(self, quantiles, buckets) -> None:
-        self.summaries = [_Summary(quantiles) for _ in _SUMMARIES] if quantiles else None
-        self.first_response = _Histogram(buckets) if buckets is not None else None
-
-    def observe(self, request_ns, queue_ns, d_in: int, d_infer: int, d_out: int) -> None:
-        s = self.summaries
-        if s is None:
-            return
-        for v in request_ns:
-            s[0].observe(v // 1000)
-        for v in queue_ns:
-            s[1].observe(v // 1000)
-        for _ in range(len(request_ns)):
-            s[2].observe(d_in // 1000)
-            s[3].observe(d_infer // 1000)
-            s[4].observe(d_out // 1000)
-
-    def watch_first_response(self, request) -> None:
-        """Time from arrival to the first response of `request` (wraps its callback)."""
-        hist = self.first_response
-        deliver = request.on_response
-        arrival = request.arrival_ns
-        seen = [False]
-
-        def on_response(response) -> None:
-            if not seen[0]:
-                seen[0] = True
-                if response.error is None:
-                    hist.observe((st.now_ns() - arrival) / 1e6)
-            deliver(response)
-
-        request.on_response = on_response
-
-
-# --------------------------------------------------------------------------- custom metrics
-
-
-class MetricError(Exception):
-    """A custom-metric operation the model must see fail (message as Triton words it)."""
-
-
-class _Child:
-    __slots__ = ("value", "hist", "refs")
-
-    def __init__(self, buckets) -> None:
-        self.value = 0.0
-        self.hist = _Histogram(buckets) if buckets is not None else None
-        self.refs = 0
-
-
-class _Family:
-    __slots__ = ("name", "description", "kind", "children", "refs")
-
-    def __init__(self, name: str, description: str, kind: int) -> None:
-        self.name = name
-        self.description = description
-        self.kind = kind
-        self.children: dict[tuple, _Child] = {}
-        self.refs = 0
-
-
-class CustomMetrics:
-    """Metric families created by models, shared by every instance that names them.
-
-    Handles are (owner, id): the owner is the worker instance that created the
-    object, the id its own number for it, so a worker never waits for a handle.
-    Same family name and kind: the same family (first description wins); same
-    labels in a family: the same metric. A metric disappears from /metrics when
-    the last handle to it is deleted (or its worker goes away).
-    """
-
-    def __init__(self) -> None:
-        self.families: dict[str, _Family] = {}
-        self._family_handles: dict[tuple, _Family] = {}
-        self._metric_handles: dict[tuple, tuple[_Family, tuple]] = {}
-
-    def family_new(self, owner, fid: int, name: str, description: str, kind: int) -> None:
-        if kind not in _KIND_TYPE:
-            raise MetricError("Unsupported kind passed to MetricFamily constructor.")
-        if not _METRIC_NAME.match(name):
-            raise MetricError("Invalid metric name")
-        family = self.families.get(name)
-        if family is None:
-            family = self.families[name] = _Family(name, description, kind)
-        elif family.kind != kind:
-            raise MetricError("Family name already exists with different type")
-        family.refs += 1
-        self._family_handles[(id(owner), fid)] = family
-
-    def metric_new(self, owner, mid: int, fid: int, labels: dict[str, str], buckets) -> None:
-        family = self._family_handles.get((id(owner), fid))
-        if family is None:
-            raise MetricError("Could not find the metric family of this metric")
-        if family.kind == HISTOGRAM and buckets is None:
-            raise MetricError("Bucket boundaries not found in Metric args.")
-        if family.kind != HISTOGRAM and buckets is not None:
-            kind = "counter" if family.kind == COUNTER else "gauge"
-            raise MetricError(f"Unexpected args found in {kind} Metric constructor.")
-        key = tuple(sorted((str(k), str(v)) for k, v in labels.items()))
-        for k, _ in key:
-            if not _LABEL_NAME.match(k) or k.startswith("__"):
-                raise MetricError("Invalid label name")
-        child = family.children.get(key)
-        if child is None:
-            child = family.children[key] = _Child(buckets)
-        child.refs += 1
-        self._metric_handles[(id(owner), mid)] = (family, key)
-
-    def _child(self, owner, mid: int, what: str) -> tuple[_Family, _Child]:
-        found = self._metric_handles.get((id(owner), mid))
-        child = found[0].children.get(found[1]) if found else None
-        if child is None:
-            raise MetricError(f"Could not {what} metric value. Metric has been invalidated.")
-        return found[0], child
-
-    def increment(self, owner, mid: int, value: float) -> None:
-        family, child = self._child(owner, mid, "increment")
-        if family.kind == COUNTER and value < 0:
-            raise MetricError(
-                "TRITONSERVER_METRIC_KIND_COUNTER can only be incremented monotonically by non-negative values."
-            )
-        if family.kind == HISTOGRAM:
-            raise MetricError("TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Increment")
-        child.value += value
-
-    def set(self, owner, mid: int, value: float) -> None:
-        family, child = self._child(owner, mid, "set")
-        if family.kind != GAUGE:
-            raise MetricError(f"TRITONSERVER_METRIC_KIND_{_KIND_TYPE[family.kind].upper()} does not support Set")
-        child.value = value
-
-    def observe(self, owner, mid: int, value: float) -> None:
-        family, child = self._child(owner, mid, "set")
-        if family.kind != HISTOGRAM:
-            raise MetricError(
-                f"TRITONSERVER_METRIC_KIND_{_KIND_TYPE[family.kind].upper()} does not support Observe"
-            )
-        child.hist.observe(value)
-
-    def value(self, owner, mid: int) -> float:
-        family, child = self._child(owner, mid, "get")
-        if family.kind == HISTOGRAM:
-            raise MetricError("TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value")
-        return child.value
-
-    def metric_delete(self, owner, mid: int) -> None:
-        found = self._metric_handles.pop((id(owner), mid), None)
-        if found is None:
-            return
-        family, key = found
-        child = family.children.get(key)
-        if child is not None:
-            child.refs -= 1
-            if child.refs <= 0:
-                del family.children[key]
-
-    def family_delete(self, owner, fid: int) -> None:
-        family = self._family_handles.pop((id(owner), fid), None)
-        if family is not None:
-            family.refs -= 1  # the family stays registered (as in Triton); empty ones are not shown
-
-    def drop_owner(self, owner) -> None:
-        """A worker went away: its handles die with it."""
-        oid = id(owner)
-        for key in [k for k in self._metric_handles if k[0] == oid]:
-            self.metric_delete(owner, key[1])
-        for key in [k for k in self._family_handles if k[0] == oid]:
-            self.family_delete(owner, key[1])
-
-    def collect(self, kinds: Iterable[int]) -> list[Metric]:
-        out = []
-        wanted = set(kinds)
-        for family in self.families.values():
-            if family.kind not in wanted or not family.children:
-                continue
-            m = Metric(family.name, family.description, _KIND_TYPE[family.kind])
-            for key, child in family.children.items():
-                labels = dict(key)
-                if child.hist is not None:
-                    _add_histogram(m, family.name, labels, child.hist)
-                else:
-                    m.add_sample(family.name, labels, child.value)
-            out.append(m)
-        return out
 
 
 # --------------------------------------------------------------------------- Triton's families
@@ -481,7 +188,7 @@ class ServerCollector(Collector):
         load_time = Metric("nv_model_load_duration_secs", "Model load time in seconds", "gauge")
         first = (Metric(FIRST_RESPONSE_HISTOGRAM, "Duration from request to first response in milliseconds",
                         "histogram") if self.config.histogram_latencies else None)
-        summaries = ([Metric(name, doc, "summary") for name, doc in _SUMMARIES]
+        summaries = ([Metric(name, doc, "summary") for name, doc in SUMMARIES]
                      if self.config.summary_latencies else None)
         for m in models:
             s = m.stats
@@ -504,10 +211,10 @@ class ServerCollector(Collector):
             observer = s.observer
             if observer is not None:
                 if first is not None and observer.first_response is not None:
-                    _add_histogram(first, FIRST_RESPONSE_HISTOGRAM, labels, observer.first_response)
+                    add_histogram(first, FIRST_RESPONSE_HISTOGRAM, labels, observer.first_response)
                 if summaries is not None and observer.summaries is not None:
                     for metric, summary in zip(summaries, observer.summaries):
-                        _add_summary(metric, metric.name, labels, summary)
+                        add_summary(metric, metric.name, labels, summary)
         yield from (c for c in counters.values() if c.samples)
         yield from custom.collect((COUNTER,))
         for g in (pending, load_time):
@@ -540,31 +247,7 @@ def model_labels(model) -> dict[str, str]:
     return labels
 
 
-def _add_histogram(metric: Metric, name: str, labels: dict, hist: _Histogram) -> None:
-    metric.add_sample(name + "_count", labels, hist.count)
-    metric.add_sample(name + "_sum", labels, hist.sum)
-    for le, n in hist.cumulative():
-        metric.add_sample(name + "_bucket", {**labels, "le": le}, n)
-
-
-def _add_summary(metric: Metric, name: str, labels: dict, summary: _Summary) -> None:
-    metric.add_sample(name + "_count", labels, summary.count)
-    metric.add_sample(name + "_sum", labels, summary.sum)
-    for q, v in summary.values():
-        metric.add_sample(name, {**labels, "quantile": _fmt(q)}, v)
-
-
 # --------------------------------------------------------------------------- text exposition
-
-
-def _fmt(value) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return f"{value:.16g}"
 
 
 def _escape_label(value: str) -> str:
@@ -590,7 +273,7 @@ def render(metrics: Iterable[Metric]) -> str:
         out.append(f"# HELP {m.name} {_escape_help(m.documentation)}\n")
         out.append(f"# TYPE {m.name} {m.type}\n")
         for sample in m.samples:
-            out.append(f"{sample.name}{_labels(sample.labels)} {_fmt(sample.value)}\n")
+            out.append(f"{sample.name}{_labels(sample.labels)} {format_value(sample.value)}\n")
     return "".join(out)
 
 

@@ -13,7 +13,8 @@ from kernel.core.server import Server, ServerOptions
 from kernel.loading.control import ModelControl
 from kernel.loading.loader import ModelLoader
 from kernel.observe.log import LogSettings
-from kernel.observe.metrics import CustomMetrics, MetricsConfig
+from kernel.observe.custom_metrics import CustomMetrics
+from kernel.observe.metrics import MetricsConfig
 from kernel.observe.trace import Tracer
 from kernel.observe.trace_settings import TraceConfig
 
