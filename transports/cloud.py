@@ -68,6 +68,8 @@ async def read_json_body(receive, limit: int, what: str) -> Optional[object]:
         return msgspec.json.decode(body) if body.strip() else {}
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise KernelError(ErrorCode.INVALID_ARG, f"failed to parse the {what} request JSON: {exc}") from None
+    except RecursionError:
+        raise KernelError(ErrorCode.INVALID_ARG, f"failed to parse the {what} request JSON: nested too deeply") from None
 
 
 # ---- handing a request to the KServe v2 app ------------------------------------------

@@ -168,3 +168,19 @@ def test_deeply_nested_json_is_400(fronts):
     deep = b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32","data":' + b"[" * 100_000 + b"]" * 100_000 + b"}]}"
     assert_refused(fronts.http.post("/v2/models/add_sub_x2/infer", content=deep), "nested too deeply")
     assert_serving(fronts)
+
+
+@pytest.mark.parametrize("path", ["/v2/models/add_sub_x2/generate", "/v2/repository/models/x/load",
+                                  "/v2/systemsharedmemory/region/x/register", "/v2/logging", "/v2/trace/setting"])
+def test_deeply_nested_json_is_400_on_every_route(fronts, path):
+    deep = b'{"INPUT0":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert_refused(fronts.http.post(path, content=deep), "nested too deeply")
+    assert_serving(fronts)
+
+
+def test_deeply_nested_json_is_400_through_sagemaker_and_vertex(fronts):
+    deep = (b'{"inputs":[{"name":"IN","shape":[1],"datatype":"INT32","data":' + b"[" * 100_000 + b"]" * 100_000
+            + b"}]}")
+    assert_refused(fronts.sagemaker.post("/invocations", content=deep), "nested too deeply")
+    assert_refused(fronts.vertex.post(VERTEX_PREDICT, content=deep), "nested too deeply")
+    assert_serving(fronts)

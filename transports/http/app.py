@@ -92,6 +92,8 @@ class HttpApp:
             await send_error(send, status_for(exc), exc.message)
         except _MethodNotAllowed:
             await send_error(send, 405, "Method Not Allowed")
+        except RecursionError:  # JSON nested deeper than any decoder here will follow: the client's doing
+            await send_error(send, 400, "failed to parse the request JSON buffer: the JSON is nested too deeply")
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the connection down
             log.exception("unexpected error handling %s %s", method, path)
             await send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")

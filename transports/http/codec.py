@@ -90,7 +90,7 @@ def _json_tensor(inp: InputJSON) -> InferTensor:
     if data is msgspec.UNSET:
         raise _bad(f"must specify the 'data' field for input '{inp.name}'")
     count = datatypes.element_count(inp.shape)
-    flat = _flatten(data)
+    flat = flatten(data)
     if datatype == "BYTES":
         if len(flat) != count:
             raise _bad(
@@ -128,7 +128,7 @@ def _shaped(inp: InputJSON, flat: np.ndarray) -> InferTensor:
         return InferTensor(inp.name, inp.datatype, inp.shape, raw=memoryview(flat).cast("B"))
 
 
-def _flatten(data) -> list:
+def flatten(data) -> list:
     """`data` as one flat list (Triton reads nested JSON arrays in row-major order); no recursion."""
     if not isinstance(data, list):
         return [data]

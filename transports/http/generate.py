@@ -200,7 +200,7 @@ def build_generate_request(body: bytes, model, name: str, version: str) -> Infer
     def take(key: str, value: Any) -> None:
         if key in shapes:
             datatype, dims = shapes[key]
-            flat = _flatten(value)
+            flat = codec.flatten(value)
             tensors.append({"name": key, "datatype": datatype, "shape": _fit_shape(key, dims, len(flat)), "data": flat})
         elif isinstance(value, (str, bool, int, float)):
             params[key] = value
@@ -222,15 +222,6 @@ def build_generate_request(body: bytes, model, name: str, version: str) -> Infer
         parsed, _, _ = codec.parse_infer_request(_json.encode({"inputs": tensors}), None, name, version)
         inputs = parsed.inputs
     return InferRequest(name, version, request_id, inputs, None, params)
-
-
-def _flatten(value: Any) -> list:
-    if not isinstance(value, list):
-        return [value]
-    out: list = []
-    for item in value:
-        out.extend(_flatten(item))
-    return out
 
 
 def _fit_shape(name: str, dims: list[int], count: int) -> list[int]:
