@@ -32,6 +32,8 @@ DIFFERENCES: dict[str, str] = {
     "repository-index-ready-not-bool": _CLIENT_ERRORS + " (the words are Triton's)",
     "shm-register-no-such-key": _SHM_CLIENT_ERRORS,
     "grpc-shm-register-bad": _SHM_CLIENT_ERRORS,
+    "load-broken-config":
+        "same status (500) and words; Kernel adds the parse error after ': ' (Triton writes it only to its log)",
     "unload-bad-dependents":
         "Kernel checks a parameter's type where it enters (unload_dependents must be a boolean: 400); "
         "Triton 2.51 ignores a non-boolean and unloads",
@@ -83,11 +85,8 @@ OPEN: dict[str, str] = {
                        "'Failed to initialize Python stub: ')",
     "grpc-load-init-fails": "backends/python: as load-init-fails",
     "load-syntax-error": "backends/python: Triton gives 'Internal: SyntaxError: ...' without a traceback",
-    "load-broken-config": "kernel/loading: Triton treats an unparsable config.pbtxt as a poll failure (500 "
-                          "'failed to load ..., failed to poll from model repository', and the index shows the "
-                          "name only); Kernel answers 400 'load failed ...' with the parse error",
-    "repository-index-after-failures": "backends/python + kernel/loading: the reasons of load-init-fails, "
-                                       "load-syntax-error and load-broken-config, as they appear in the index",
+    "repository-index-after-failures": "backends/python: the reasons of load-init-fails and load-syntax-error, "
+                                       "as they appear in the index",
     "grpc-repository-index": "as repository-index-after-failures",
     "vertex-redirect-index": "as repository-index-after-failures",
     "infer-classification": "transports/http: the 'classification' output parameter is ignored (Triton answers "

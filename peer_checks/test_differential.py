@@ -28,6 +28,8 @@ from normalise import error_text, normalise  # noqa: E402
 import peers  # noqa: E402
 
 RESULTS: dict[str, str] = {}  # case id -> "same" | "deliberate" | "open" | "unlisted" | "stale"
+ANSWERS: dict[str, dict] = {}  # case id -> both normalised answers, written to answers.json for reading
+ANSWERS_FILE: list[Path] = []
 
 
 def _ports() -> peers.Ports:
@@ -57,6 +59,8 @@ def pair(tmp_path_factory):
         kernel.stop()
         triton.stop()
         Path("/dev/shm" + shm_key).unlink(missing_ok=True)
+        ANSWERS_FILE.append(base / "answers.json")
+        ANSWERS_FILE[-1].write_text(json.dumps(ANSWERS, indent=1, default=repr))
 
 
 def _fill(data, pair):
@@ -91,6 +95,7 @@ def _view(answer: peers.Answer, case: Case, base: str):
 def test_same_answer(pair, case):
     triton = _view(_send(pair["triton"], case, pair), case, pair["base"])
     kernel = _view(_send(pair["kernel"], case, pair), case, pair["base"])
+    ANSWERS[case.id] = {"result": None, "triton": triton, "kernel": kernel}
     shown = (f"\n  triton: {json.dumps(triton, default=repr)[:20000]}\n"
              f"  kernel: {json.dumps(kernel, default=repr)[:20000]}")
     if triton == kernel:
@@ -111,4 +116,10 @@ def summary() -> str:
             f"differences, {counts['open']} open differences (to fix), {counts['unlisted']} unlisted, "
             f"{counts['stale']} listed but now the same")
     stale = sorted(k for k, v in RESULTS.items() if v == "stale")
+    for case_id, result in RESULTS.items():
+        if case_id in ANSWERS:
+            ANSWERS[case_id]["result"] = result
+    if ANSWERS_FILE:
+        ANSWERS_FILE[-1].write_text(json.dumps(ANSWERS, indent=1, default=repr))
+        line += f"\n  every answer, side by side: {ANSWERS_FILE[-1]}"
     return line + (f"\n  listed but now the same: {', '.join(stale)}" if stale else "")

@@ -301,7 +301,14 @@ class ModelControl:
         else:
             md = await self._locate(name)
         try:
-            cfg = override if override is not None else await asyncio.to_thread(_read_config, md)
+            if override is not None:
+                cfg = override
+            else:
+                cfg, unreadable = await asyncio.to_thread(_config_or_parse_error, md)
+                if unreadable is not None:
+                    # tritonserver: a config.pbtxt it cannot parse fails the poll (500), and the
+                    # model is left as it was (the index lists its name only).
+                    raise _poll_failed(name, unreadable, ErrorCode.INTERNAL)
             if cfg is not None and cfg.HasField("ensemble_scheduling"):
                 for step in dict.fromkeys(s.model_name for s in cfg.ensemble_scheduling.step):
                     try:
@@ -564,6 +571,17 @@ def _read_config(md: repository.ModelDir):
         return repository.load_model_config(md)
     except KernelError:
         return None  # the load itself reports it
+
+
+def _config_or_parse_error(md: repository.ModelDir):
+    """(config, None); (None, reason) when the config file is not valid text protobuf; (None, None)
+    for any other problem, which the load itself reports."""
+    try:
+        return repository.load_model_config(md), None
+    except KernelError as exc:
+        if exc.message.startswith("failed to read text proto"):
+            return None, exc.message
+        return None, None
 
 
 def _fingerprint_or_none(md: repository.ModelDir) -> Optional[Fingerprint]:

@@ -427,3 +427,24 @@ def test_leading_slash_in_a_file_key_is_relative_to_the_model_folder(kernel, hc,
     hc.unload_model("slashed")
     gc.unload_model("slashed2")
     wait_for(lambda: not _override_folders(kernel), what="override folders removed")
+
+
+def test_unparsable_config_is_a_poll_failure(kernel, hc):
+    """tritonserver: a config.pbtxt that is not text protobuf fails the poll with 500, and the
+    model is not registered (the index lists its name only). Kernel adds the reason after ': '."""
+    broken = Path(kernel.repo) / "broken_cfg"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text('input [ { name: "X" data_type: TYPE_NOT_A_TYPE } ]\n')
+    (broken / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    try:
+        status, body = http(kernel.url, "POST", "/v2/repository/models/broken_cfg/load")
+        error = json.loads(body)["error"]
+        assert status == 500, body
+        assert error.startswith("failed to load 'broken_cfg', failed to poll from model repository: "
+                                "failed to read text proto from "), error
+        assert {"name": "broken_cfg"} in index(kernel.url)
+        assert not hc.is_model_ready("broken_cfg")
+    finally:
+        import shutil
+
+        shutil.rmtree(broken)
