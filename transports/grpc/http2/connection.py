@@ -29,10 +29,11 @@ from kernel.transports.grpc.http2.frames import (
     FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY, FLOW_CONTROL_ERROR, FRAME_HEADER, FRAME_SIZE_ERROR, GOAWAY,
     GOAWAY_PAYLOAD, HEADERS, MAX_WINDOW, NO_ERROR, PING, PREFACE, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM,
     RST_STREAM, SETTING, SETTINGS, SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
-    SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE, STREAM_CLOSED, U32, WINDOW_UPDATE, frame, frame_head,
+    SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE, STREAM_CLOSED, U32, WINDOW_UPDATE, frame,
 )
 from kernel.transports.grpc.http2.headers import HeaderError, HeaderReader
 from kernel.transports.grpc.http2.limits import Http2Limits, PingPolicy, RateLimit
+from kernel.transports.grpc.http2.output import OutputMixin
 from kernel.transports.grpc.http2.timers import ConnectionClock
 
 log = logging.getLogger("kernel.grpc")
@@ -74,7 +75,7 @@ class ProtocolError(Exception):
         self.debug = debug
 
 
-class Http2Connection(asyncio.Protocol):
+class Http2Connection(OutputMixin, asyncio.Protocol):
     """Server side of one HTTP/2 connection; the subclass supplies the `on_*` hooks."""
 
     stream_type = Stream
@@ -511,93 +512,7 @@ class Http2Connection(asyncio.Protocol):
         if not self.streams:
             self.close_soon()
 
-    # ---- output -----------------------------------------------------------------
-
-    def send_whole(self, s: Stream, head_block: bytes, chunks: list, n: int, trailer_block: bytes) -> bool:
-        """Headers, one n-byte DATA frame made of `chunks` and trailers, all in one write.
-
-        The fast path of a small answer; False (nothing written) when a window,
-        the peer's frame size or a paused transport does not allow it.
-        """
-        if n > self.peer_max_frame or n > self.send_window or n > s.send_window or self.paused:
-            return False
-        self.send_window -= n
-        s.send_window -= n
-        s.headers_sent = True
-        sid = s.id
-        self.close_stream(s)
-        out = self.out
-        out.append(frame(HEADERS, FLAG_END_HEADERS, sid, head_block))
-        out.append(frame_head(DATA, 0, sid, n))
-        out.extend(chunks)
-        out.append(frame(HEADERS, FLAG_END_STREAM | FLAG_END_HEADERS, sid, trailer_block))
-        self.pings_without_data = 0
-        self.sent_data = True
-        if not s.remote_closed:
-            out.append(frame(RST_STREAM, 0, sid, U32.pack(NO_ERROR)))
-        if self.streams:
-            # Other streams are in flight: their answers may finish in this same
-            # loop iteration, so gather them into one write.
-            if self.flush_handle is None:
-                self.flush_handle = self.loop.call_soon(self.flush)
-        else:
-            # The only stream on the connection: answer without waiting.
-            if self.flush_handle is not None:
-                self.flush_handle.cancel()
-            self.flush()
-        return True
-
-    def send(self, s: Stream, heads: list, data: bytes, trailers: Optional[bytes]) -> None:
-        """Write header frames, queue DATA (sent within flow-control windows), then the trailers."""
-        for h in heads:
-            self.write(h)
-        if data:
-            s.pending.append(memoryview(data))
-        if trailers is not None:
-            s.trailers = trailers
-        self.pings_without_data = 0
-        self.sent_data = True
-        self._pump(s)
-
-    def _pump(self, s: Stream) -> None:
-        pending = s.pending
-        write = self.write
-        while pending:
-            window = self.send_window if self.send_window < s.send_window else s.send_window
-            if self.paused or window <= 0:
-                self.blocked[s.id] = s
-                return
-            item = pending[0]
-            n = len(item)
-            take = min(n, window, self.peer_max_frame)
-            write(frame_head(DATA, 0, s.id, take))
-            if take == n:
-                write(item)
-                pending.popleft()
-            else:
-                write(item[:take])
-                pending[0] = item[take:]
-            self.send_window -= take
-            s.send_window -= take
-        self.blocked.pop(s.id, None)
-        trailers = s.trailers
-        if trailers is not None and not s.closed:
-            self.close_stream(s)
-            self.send_headers(s.id, trailers, end_stream=True)
-            self.reset_if_open(s)
-
-    def send_headers(self, stream_id: int, block: bytes, end_stream: bool) -> None:
-        """A header block, split into HEADERS + CONTINUATION frames of the peer's frame size."""
-        flags = FLAG_END_STREAM if end_stream else 0
-        max_frame = self.peer_max_frame
-        if len(block) <= max_frame:
-            self.write(frame(HEADERS, flags | FLAG_END_HEADERS, stream_id, block))
-            return
-        self.write(frame(HEADERS, flags, stream_id, block[:max_frame]))
-        rest = block[max_frame:]
-        while rest:
-            part, rest = rest[:max_frame], rest[max_frame:]
-            self.write(frame(CONTINUATION, 0 if rest else FLAG_END_HEADERS, stream_id, part))
+    # ---- stream state ---------------------------------------------------------------
 
     def close_stream(self, s: Stream) -> None:
         """The stream is over (or abandoned): the application stops its work, the connection forgets it."""
@@ -610,28 +525,11 @@ class Http2Connection(asyncio.Protocol):
             if self.closing:
                 self.close_soon()
 
-    def reset_if_open(self, s: Stream) -> None:
-        # The answer is complete; if the client is still sending, tell it to stop.
-        if not s.remote_closed:
-            self.write(frame(RST_STREAM, 0, s.id, U32.pack(NO_ERROR)))
-
     def abandon(self, s: Stream) -> None:
         """The client reset the stream or the connection dropped: stop its work, write nothing."""
         s.pending.clear()
         s.trailers = None
         self.close_stream(s)
-
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-        if self.flush_handle is None:
-            self.flush_handle = self.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self.flush_handle = None
-        out, self.out = self.out, []
-        transport = self.transport
-        if out and transport is not None and not transport.is_closing():
-            transport.write(b"".join(out))
 
     # ---- connection control -------------------------------------------------------
 
@@ -658,7 +556,5 @@ class Http2Connection(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.close()
-            if self.reading_paused:
-                self.reading_paused = False
-                transport.resume_reading()  # (a closing transport reads nothing, but it must see the close)
+            # close() waits until the queued output is read: a client that never reads is dropped.
             self.loop.call_later(linger, transport.abort)
