@@ -114,6 +114,7 @@ def load(name, parameters=None) -> bytes:
     return _json({"parameters": parameters} if parameters is not None else {})
 
 
+ONE_INPUT = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}
 RESTRICTED_HEADER = {RESTRICTED_KEY: RESTRICTED_VALUE}
 RESTRICTED_METADATA = ((f"triton-grpc-protocol-{RESTRICTED_KEY}", RESTRICTED_VALUE),)
 
@@ -247,7 +248,25 @@ CASES: list[Case] = [
     post("load-init-fails", "/v2/repository/models/init_fails/load", b""),
     post("load-syntax-error", "/v2/repository/models/syntax_error/load", b""),
     post("load-broken-config", "/v2/repository/models/broken_config/load", b""),
+    post("load-autocomplete-fails", "/v2/repository/models/autocomplete_fails/load", b""),
     post("load-unknown-model", "/v2/repository/models/no_such_model/load", b""),
+    # models that load and then fail in execute, each its own way
+    post("load-wrong-count", "/v2/repository/models/wrong_count/load", b""),
+    post("infer-wrong-count", "/v2/models/wrong_count/infer", ONE_INPUT),
+    post("load-wrong-type", "/v2/repository/models/wrong_type/load", b""),
+    post("infer-wrong-type", "/v2/models/wrong_type/infer", ONE_INPUT),
+    post("load-error-response", "/v2/repository/models/error_response/load", b""),
+    post("infer-error-response", "/v2/models/error_response/infer", ONE_INPUT),
+    rpc("grpc-infer-error-response", "ModelInfer", {
+        "model_name": "error_response", "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1]}],
+        "raw_input_contents": [base64.b64encode(struct.pack("<f", 1.0)).decode()]}),
+    post("load-crasher", "/v2/repository/models/crasher/load", b""),
+    post("infer-crasher-ok", "/v2/models/crasher/infer", ONE_INPUT),
+    post("infer-crasher-dies", "/v2/models/crasher/infer",
+         {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [-1.0]}]}),
+    get("model-ready-after-crash", "/v2/models/crasher/ready"),
+    post("infer-crasher-after-crash", "/v2/models/crasher/infer", ONE_INPUT),
+    post("unload-crasher", "/v2/repository/models/crasher/unload", b""),
     post("load-files-without-config", "/v2/repository/models/ovr_a/load",
          {"parameters": {"file:1/model.py": MODEL_PY}}),
     post("load-file-escapes", "/v2/repository/models/ovr_b/load",

@@ -34,6 +34,13 @@ DIFFERENCES: dict[str, str] = {
     "grpc-shm-register-bad": _SHM_CLIENT_ERRORS,
     "load-broken-config":
         "same status (500) and words; Kernel adds the parse error after ': ' (Triton writes it only to its log)",
+    "model-ready-after-crash":
+        "Kernel restarts a dead worker at once and reads NOT READY until the replacement is ready (issue 13); "
+        "Triton 2.51 reads READY with a dead stub. (Timing: if the replacement is already up, both say 200 "
+        "and the summary lists this as 'listed but now the same'.)",
+    "infer-crasher-after-crash":
+        "Kernel restarts a dead worker at once, so the next request is served; Triton 2.51 fails it with "
+        "\"Stub process 'crasher_0' is not healthy.\" and restarts the stub only then",
     "unload-bad-dependents":
         "Kernel checks a parameter's type where it enters (unload_dependents must be a boolean: 400); "
         "Triton 2.51 ignores a non-boolean and unloads",
@@ -89,6 +96,13 @@ OPEN: dict[str, str] = {
                                        "as they appear in the index",
     "grpc-repository-index": "as repository-index-after-failures",
     "vertex-redirect-index": "as repository-index-after-failures",
+    "load-autocomplete-fails": "backends/python: Triton frames an auto_complete_config failure as the version's "
+                               "('version 1 is at UNAVAILABLE state: Internal: ...;')",
+    "infer-wrong-count": "backends/python: Triton prefixes \"Failed to process the request(s) for model "
+                         "'wrong_count_0', message: \"",
+    "infer-wrong-type": "backends/python: as infer-wrong-count",
+    "infer-crasher-dies": "backends/python: Triton's answer for a request whose worker died is only \"Stub "
+                          "process 'crasher_0' is not healthy.\"",
     "infer-classification": "transports/http: the 'classification' output parameter is ignored (Triton answers "
                             "the top classes as BYTES '<value>:<index>')",
     "grpc-infer-classification": "transports/grpc: the 'classification' output parameter is refused as "

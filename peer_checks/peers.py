@@ -39,8 +39,22 @@ MODELS = {
     "syntax_error": TEST_MODELS / "bad" / "syntax_error",
     "broken_config": TEST_MODELS / "bad" / "broken_config",
     "missing_model_py": TEST_MODELS / "bad" / "missing_model_py",
+    "wrong_count": TEST_MODELS / "good" / "wrong_count",
+    "wrong_type": TEST_MODELS / "good" / "wrong_type",
+    "error_response": TEST_MODELS / "good" / "error_response",
+    "crasher": TEST_MODELS / "good" / "crasher",
 }
 STARTUP_MODELS = ("add_sub", "string_identity", "repeat_int32", "raises")
+# auto_complete_config raising: the one stage before initialize that model.py code runs in
+AUTOCOMPLETE_FAILS = (
+    "class TritonPythonModel:\n"
+    "    @staticmethod\n"
+    "    def auto_complete_config(auto_complete_model_config):\n"
+    "        raise ValueError('auto-complete refused')\n"
+    "\n"
+    "    def execute(self, requests):\n"
+    "        return []\n"
+)
 RESTRICTED_KEY, RESTRICTED_VALUE = "peer-admin", "s3cret"
 
 
@@ -54,6 +68,10 @@ def build_repository(base: Path) -> dict[str, Path]:
         text = config.read_text()
         if name != "broken_config" and "name:" not in text:
             config.write_text(f'name: "{name}"\n' + text)
+    folder = repo / "autocomplete_fails"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text('name: "autocomplete_fails"\nbackend: "python"\n')
+    (folder / "1" / "model.py").write_text(AUTOCOMPLETE_FAILS)
     mme = base / "mme" / "store"
     mme.mkdir(parents=True)
     shutil.copytree(EXAMPLES / "add_sub", mme / "add_sub", ignore=shutil.ignore_patterns("__pycache__"))
