@@ -571,3 +571,22 @@ def test_command_line_sets_ping_policing_and_connection_age():
     limits = GrpcOptions.from_args(args).http2_limits()
     assert (limits.max_ping_strikes, limits.min_recv_ping_interval_without_data) == (5, 1.0)
     assert (limits.max_connection_age, limits.max_connection_age_grace) == (60.0, 5.0)
+
+
+@pytest.mark.parametrize("flood", ["empty DATA", "PRIORITY", "unknown type"])
+def test_frames_that_do_nothing_get_goaway(native, flood):
+    """Empty DATA / PRIORITY / unknown frames cost work and answer nothing (CVE-2019-9518)."""
+    with Bounded(native, 20):
+        c = RawH2(native.grpc_port)
+        try:
+            one = {"empty DATA": frame(DATA, 0, 1), "PRIORITY": frame(PRIORITY, 0, 1, bytes(5)),
+                   "unknown type": frame(0x42, 0, 0, b"x")}[flood]
+            c.send(c.headers(1, LIVE))
+            try:
+                c.send(one * 50_000)
+            except OSError:
+                pass
+            goaway = c.wait_goaway()
+            assert goaway.code == ENHANCE_YOUR_CALM and goaway.debug == b"flood"
+        finally:
+            c.close()

@@ -107,6 +107,7 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
         self.control_queued = 0  # PING/SETTINGS acknowledgements written since the client last read
         self.settings_rate = RateLimit(self.limits.settings_burst, self.limits.settings_rate)
         self.reset_rate = RateLimit(self.limits.reset_burst, self.limits.reset_rate)
+        self.idle_frames = RateLimit(self.limits.idle_frames_burst, self.limits.idle_frames_rate)
         self.idle_since = 0.0  # when the last stream closed
         self.blocked: dict[int, Stream] = {}  # streams with output waiting for window
         # output coalescing: frames produced in one loop iteration leave in one write
@@ -261,7 +262,9 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
                     self._on_goaway()
                 elif kind == PUSH_PROMISE:
                     raise ProtocolError(PROTOCOL_ERROR, "clients must not push")
-                # PRIORITY and unknown frame types are ignored
+                elif not self.idle_frames.allow():
+                    # PRIORITY and unknown frame types are ignored, but not in any number
+                    raise ProtocolError(ENHANCE_YOUR_CALM, "flood of frames that do nothing", b"flood")
         except (ProtocolError, HeaderError) as exc:
             log.debug("HTTP/2 protocol error from a client: %s", exc)
             self.goaway(exc.code, getattr(exc, "debug", b"") or str(exc).encode("ascii", "replace")[:256])
@@ -328,6 +331,8 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
         s.recv_unacked += size
         if start < stop:
             self.on_body(s, buf[start:stop])
+        elif not flags & FLAG_END_STREAM and not self.idle_frames.allow():
+            raise ProtocolError(ENHANCE_YOUR_CALM, "flood of empty DATA frames", b"flood")  # CVE-2019-9518
         if flags & FLAG_END_STREAM:
             self.remote_end(s)
         elif s.recv_unacked >= self.limits.initial_window // 2 and not s.closed and s not in self.granting:

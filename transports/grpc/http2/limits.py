@@ -43,6 +43,9 @@ class Http2Limits:
     # then a sustained rate per second (rapid reset).
     reset_burst: int = 1000
     reset_rate: float = 200.0
+    # Frames that cost work and do nothing (empty DATA, PRIORITY, unknown types: CVE-2019-9518).
+    idle_frames_burst: int = 10_000
+    idle_frames_rate: float = 1000.0
     # Ping policing as grpc C-core: a ping sooner than the interval after the previous one,
     # with no DATA/HEADERS sent in between, is a strike; more than max_ping_strikes strikes
     # (0: no limit) end the connection with GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings").
