@@ -48,29 +48,60 @@ import run as harness  # noqa: E402
 REPO = HERE / "model_repo"
 TICK = os.sysconf("SC_CLK_TCK")
 
-# First match walking a stack from its innermost frame outwards names the bucket. Order matters:
-# the model's own file and the shim before "backends", protobuf before "transports/grpc".
-BUCKETS = [
+# Hops of a request, by the code a py-spy sample's innermost frames are in (first match walking the
+# stack from its innermost frame outwards). A write's syscall, the wake-up of the reader and any wait
+# for a core right after it show up in the Python function that called write.
+FRONT_HOPS = [
+    ("write to worker: frame + send (incl. syscall, waking the worker)", re.compile(r"^(MessageChannel|InlineChannel)\.send ")),
+    ("read + decode the worker's response", re.compile(r"framing\.py|backends/python/(wire|responses|inline_channel)")),
+    ("backend: submit, match response to request", re.compile(r"backends/python/")),
+    ("HTTP response write: uvicorn send (headers + body, syscall, waking the client)", re.compile(r"ResponseCycle\.send ")),
+    ("HTTP receive + parse (uvicorn protocol, httptools, limits)", re.compile(r"httptools_impl|http_limits|httptools")),
+    ("ASGI glue (run_asgi, proxy-headers middleware)", re.compile(r"uvicorn/")),
+    ("gRPC HTTP/2: frames in/out, HPACK, flow control, socket write", re.compile(r"transports/grpc/http2/")),
+    ("gRPC service: protobuf decode, request build, response encode", re.compile(r"transports/grpc/|google/protobuf")),
+    ("HTTP app: route, header JSON + binary decode, response encode, disconnect watch", re.compile(r"transports/")),
+    ("core: request object, validate, schedule, stats", re.compile(r"kernel/core/|kernel/observe/")),
+    ("msgspec", re.compile(r"msgspec")),
+    ("other Kernel code", re.compile(r"/kernel/")),
+    ("event loop / asyncio", re.compile(r"uvloop|asyncio/")),
+    ("threading", re.compile(r"threading\.py|concurrent/")),
+]
+WORKER_HOPS = [
+    ("write the response to the front: encode + send (incl. syscall, waking the front)", re.compile(r"^(MessageChannel|InlineChannel)\.send ")),
     ("model execute (add_sub model.py + numpy)", re.compile(r"model_repo/add_sub/1/model\.py|/numpy/")),
     ("pb_utils shim (Tensor, InferenceResponse, get_input)", re.compile(r"triton_python_backend_utils")),
-    ("worker: receive, decode, dispatch, encode, send", re.compile(r"backends/python/(worker|wire|framing|messages|inline_channel|responses|arena|model_thread|execution_record)")),
-    ("front: backend IPC (frame, send, match response)", re.compile(r"backends/python/")),
-    ("msgspec encode/decode", re.compile(r"msgspec")),
-    ("protobuf (upb) parse/serialize", re.compile(r"google/protobuf|_upb")),
-    ("gRPC HTTP/2 framing (native server)", re.compile(r"transports/grpc/http2/")),
-    ("gRPC service: request/response build", re.compile(r"transports/grpc/")),
-    ("HTTP/1.1 parse + ASGI glue (uvicorn, httptools)", re.compile(r"uvicorn/|httptools")),
-    ("HTTP app: route, decode body, encode response", re.compile(r"transports/(http/|asgi|http_limits|restrictions|header_forward)")),
-    ("core: request, validate, schedule, stats", re.compile(r"kernel/core/|kernel/observe/")),
-    ("other Kernel code", re.compile(r"/work/main/kernel/|/kernel/")),
-    ("socket I/O (uvloop stream read/write, syscalls)", re.compile(r"uvloop/handles/(stream|tcp|pipe|udp)|uv__(read|write|try_write|stream)|uv_try_write|uv_write")),
-    ("event loop (uvloop/asyncio)", re.compile(r"uvloop|asyncio/|uv__|uv_run")),
+    ("read + decode Execute (framing, msgspec)", re.compile(r"framing\.py|inline_channel|msgspec")),
+    ("build requests + input tensors", re.compile(r"^Worker\.(execute|_input_tensor) |wire\.py")),
+    ("pack responses, execution record (stats)", re.compile(r"responses\.py|execution_record")),
+    ("worker dispatch (on_message, inline execute, finish, flush)", re.compile(r"backends/python/")),
+    ("event loop / asyncio", re.compile(r"uvloop|asyncio/")),
     ("threading", re.compile(r"threading\.py|concurrent/")),
 ]
 # A sample whose innermost frames are a blocking wait is a thread with nothing to do (py-spy's idle
 # detection does not catch these with --native): not counted.
 IDLE = re.compile(r"PyThread_acquire_lock|epoll_wait|epoll_pwait|sem_clockwait|sem_timedwait|pthread_cond_(timed)?wait|"
                   r"futex_wait|__select|\bselect \(|\bpoll \(|accept4? \(|time_sleep|pysleep|clock_nanosleep")
+LOOP_LEAF = re.compile(r"^(Runner\.run|run|run_until_complete|run_forever|_run_once) \(.*(asyncio/runners|asyncio/base_events|uvloop/__init__)")
+# Linux perf: kernel symbols grouped by what they are for.
+KERNEL_GROUPS = [
+    ("context switch / wake-up", re.compile(r"finish_task_switch|__schedule|schedule|_raw_spin_unlock_irqrestore|try_to_wake_up|"
+                                            r"ttwu|enqueue|dequeue|pick_next|update_curr|switch_|__switch_to|psi_|futex")),
+    ("TCP/IP + unix socket", re.compile(r"tcp|ip_|inet|sock|skb|unix_|__dev_|net_|loopback|nf_|__sys_send|__sys_recv|copy_(to|from)_iter|_copy_")),
+    ("epoll", re.compile(r"ep_|epoll")),
+    ("syscall entry/exit", re.compile(r"syscall|entry_|irqentry|exit_to_user|do_syscall")),
+]
+DSO_NAMES = [
+    ("Python interpreter (libpython)", re.compile(r"libpython|^python")),
+    ("Linux kernel", re.compile(r"kernel")),
+    ("uvloop", re.compile(r"^loop\.cpython")),
+    ("msgspec", re.compile(r"^_core\.cpython")),
+    ("httptools (llhttp)", re.compile(r"^(parser|url_parser)\.cpython")),
+    ("protobuf (upb)", re.compile(r"_message\.|upb|protobuf")),
+    ("numpy", re.compile(r"numpy|_multiarray|libopenblas")),
+    ("libc", re.compile(r"^libc\.")),
+    ("asyncio C accelerator", re.compile(r"^_asyncio")),
+]
 SYSCALL_LEAF = re.compile(r"^(__)?(libc_)?(send|sendmsg|sendto|recv|recvmsg|recvfrom|read|write|writev|readv|epoll_wait|epoll_ctl|"
                           r"futex|poll|select|accept4?|clock_gettime|getpid|ioctl|__GI_|syscall)", re.I)
 
@@ -163,17 +194,20 @@ def clean_run(srv, side, protocol, args, logs) -> dict:
             "loadavg_1m": round(os.getloadavg()[0], 2)}
 
 
-def classify(raw: Path) -> dict:
+def classify(raw: Path, role: str = "front") -> dict:
+    hops = WORKER_HOPS if role in ("worker", "stub") else FRONT_HOPS
     buckets: Counter = Counter()
     in_syscall = 0
     total = idle = 0
     for line in raw.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
+        stack, _, count = line.rstrip().rpartition(" ")
         if not count.isdigit():
             continue
         n = int(count)
         frames = stack.split(";")
-        if any(IDLE.search(fr) for fr in frames[-4:]):
+        # Without --native, a thread blocked in epoll (or busy inside the C event loop with no
+        # Python callback running) shows only the loop's entry frame: not attributable, left out.
+        if any(IDLE.search(fr) for fr in frames[-4:]) or LOOP_LEAF.search(frames[-1]):
             idle += n
             continue
         total += n
@@ -182,7 +216,7 @@ def classify(raw: Path) -> dict:
             in_syscall += n
         name = None
         for fr in reversed(frames):
-            for label, rx in BUCKETS:
+            for label, rx in hops:
                 if rx.search(fr):
                     name = label
                     break
@@ -192,21 +226,56 @@ def classify(raw: Path) -> dict:
     return {"samples": total, "idle_samples": idle, "in_syscall_leaf": in_syscall, "buckets": dict(buckets.most_common())}
 
 
+def perf_report(data: Path) -> dict:
+    """Linux perf samples (on-CPU only) of one process, by shared object and, in the kernel, by purpose."""
+    rep = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "dso,sym", "--stdio", "-g", "none",
+                          "--percent-limit", "0"], capture_output=True, text=True)
+    dso: Counter = Counter()
+    kern: Counter = Counter()
+    syms: Counter = Counter()
+    for ln in rep.stdout.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[(.)\]\s+(.*)$", ln)
+        if not m:
+            continue
+        pct, lib, kind, sym = float(m.group(1)), m.group(2), m.group(3), m.group(4).strip()
+        name = next((label for label, rx in DSO_NAMES if rx.search(lib)), lib if lib != "[unknown]" else "unknown (JIT/stripped)")
+        dso[name] += pct
+        syms[f"{sym} [{lib}]"] += pct
+        if kind == "k":
+            kern[next((label for label, rx in KERNEL_GROUPS if rx.search(sym)), "other kernel")] += pct
+    return {"by_dso": {k: round(v, 1) for k, v in dso.most_common()},
+            "kernel": {k: round(v, 1) for k, v in kern.most_common()},
+            "top_symbols": {k: round(v, 1) for k, v in syms.most_common(12)}}
+
+
 def pyspy_run(srv, side, protocol, args, logs) -> dict:
     pyspy = shutil.which("py-spy") or str(ROOT / ".venv" / "bin" / "py-spy")
     procs = server_procs(srv, side)
     spies = {}
     for k, pid in procs.items():
         out = logs / f"pyspy_{side.lower()}_{protocol}_{k}.txt"
-        cmd = [pyspy, "record", "--native", "--full-filenames", "-r", str(args.rate), "-f", "raw", "-o", str(out),
+        # --nonblocking: sampling without pausing the process. --native pauses it for every sample and,
+        # measured here, slows Kernel's HTTP path from ~1,100 to ~66 infer/s, which distorts the profile.
+        mode = ["--native"] if args.native else ["--nonblocking"]
+        cmd = [pyspy, "record", *mode, "--full-filenames", "-r", str(args.rate), "-f", "raw", "-o", str(out),
                "-p", str(pid), "-d", str(int(args.seconds + 3))]
         spies[k] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), out)
+    perfs = {}
+    if shutil.which("perf") and not args.no_perf:
+        for k, pid in procs.items():
+            data = logs / f"perf_{side.lower()}_{protocol}_{k}.data"
+            perfs[k] = (subprocess.Popen(["perf", "record", "-F", "999", "-o", str(data), "-p", str(pid), "--",
+                                          "sleep", str(int(args.seconds))], stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL), data)
     time.sleep(1.0)
     pa = perf(srv, protocol, args.seconds, logs, f"{side.lower()}_{protocol}_pyspy")
-    res = {"perf_under_pyspy": pa}
+    res = {"perf_under_pyspy": pa, "linux_perf": {}}
+    for k, (p, data) in perfs.items():
+        p.wait(timeout=60)
+        res["linux_perf"][k] = perf_report(data) if data.exists() else {"error": "no perf data"}
     for k, (p, out) in spies.items():
         _, err = p.communicate(timeout=60)
-        res[k] = classify(out) if out.exists() else {"error": err[-400:]}
+        res[k] = classify(out, k) if out.exists() else {"error": err[-400:]}
     return res
 
 
@@ -250,7 +319,7 @@ def tables(result: dict) -> str:
     for key, r in result["runs"].items():
         side, proto = key.split("/")
         c = r["clean"]
-        md.append(f"### {side} {proto.upper()} c=1: {c['perf']['infer_per_s']:,.0f} infer/s, p50 {c['perf']['p50_us']:,.0f} µs, "
+        md.append(f"### {side} {proto.upper()} c=1 ({r.get('started', '')}): {c['perf']['infer_per_s']:,.0f} infer/s, p50 {c['perf']['p50_us']:,.0f} µs, "
                   f"p99 {c['perf']['p99_us']:,.0f} µs ({c['requests']:,} requests, load {c['loadavg_1m']})\n")
         md.append("| process | CPU µs/request | user | sys | voluntary cs/req | involuntary cs/req | syscalls/req (strace) |")
         md.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -263,11 +332,26 @@ def tables(result: dict) -> str:
         md.append(f"| **sum of CPU** | **{total:.0f}** | | | | | |")
         md.append(f"| latency not covered by CPU (p50 − sum: wake-ups, scheduling, waiting for a core) | "
                   f"{c['perf']['p50_us'] - total:.0f} | | | | | |\n")
-        for k, prof in r.get("pyspy", {}).items():
-            if k == "perf_under_pyspy" or "buckets" not in prof:
+        for k, lp in r.get("pyspy", {}).get("linux_perf", {}).items():
+            if "by_dso" not in lp:
                 continue
             cpu = c["procs"].get(k, {}).get("cpu_us", 0)
-            md.append(f"py-spy, {side} {proto.upper()} {k}: {prof['samples']} busy samples ({prof.get('idle_samples', 0)} idle "
+            md.append(f"Linux perf (on-CPU samples), {side} {proto.upper()} {k}: µs/request = share × {cpu:.0f} µs CPU\n")
+            md.append("| where (shared object) | share | µs/request |")
+            md.append("| --- | ---: | ---: |")
+            for name, pct in lp["by_dso"].items():
+                if pct >= 0.5:
+                    md.append(f"| {name} | {pct:.0f}% | {pct / 100 * cpu:.0f} |")
+            for name, pct in lp["kernel"].items():
+                if pct >= 0.5:
+                    md.append(f"| &nbsp;&nbsp;kernel: {name} | {pct:.0f}% | {pct / 100 * cpu:.0f} |")
+            md.append("\ntop symbols: " + ", ".join(f"{s_} {v:.0f}%" for s_, v in list(lp["top_symbols"].items())[:8]) + "\n")
+        for k, prof in r.get("pyspy", {}).items():
+            if k in ("perf_under_pyspy", "linux_perf") or "buckets" not in prof:
+                continue
+            cpu = c["procs"].get(k, {}).get("cpu_us", 0)
+            under = r["pyspy"]["perf_under_pyspy"]
+            md.append(f"py-spy ({under.get('infer_per_s') or 0:,.0f} infer/s while sampled), {side} {proto.upper()} {k}: {prof['samples']} busy samples ({prof.get('idle_samples', 0)} idle "
                       f"left out); µs/request = share × {cpu:.0f} µs CPU "
                       f"(leaf in a syscall wrapper: {prof['in_syscall_leaf'] / max(prof['samples'], 1):.0%})\n")
             md.append("| where | share | µs/request |")
@@ -294,16 +378,37 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="perf_analyzer window per run (default 8)")
     ap.add_argument("--rate", type=int, default=500, help="py-spy samples per second (default 500)")
     ap.add_argument("--no-pyspy", action="store_true")
+    ap.add_argument("--native", action="store_true", help="py-spy --native (pauses the process per sample: distorts)")
     ap.add_argument("--no-strace", action="store_true")
+    ap.add_argument("--no-perf", action="store_true", help="skip Linux perf record (on-CPU samples by shared object)")
     ap.add_argument("--ports", type=int, nargs=3, default=[28300, 28301, 28302])
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--retable", action="store_true",
+                    help="measure nothing: re-classify the saved py-spy profiles and rewrite the tables")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.retable:
+        result = json.loads((out / "latency_budget.json").read_text())
+        for key, r in result["runs"].items():
+            side, proto = key.split("/")
+            for k, prof in r.get("pyspy", {}).items():
+                raw = out / "latency_budget" / f"pyspy_{side.lower()}_{proto}_{k}.txt"
+                if k not in ("perf_under_pyspy", "linux_perf") and raw.exists():
+                    r["pyspy"][k] = classify(raw, k)
+        (out / "latency_budget.json").write_text(json.dumps(result, indent=1) + "\n")
+        md = f"# Latency budget tables ({result['started']}; generated by `{result['command']}`)\n\n" + tables(result)
+        (out / "latency_budget_tables.md").write_text(md)
+        print(md)
+        return 0
     logs = out / "latency_budget"
     logs.mkdir(parents=True, exist_ok=True)
     peers.ensure()
     result = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "command": shlex.join(["python", *sys.argv]),
               "settings": vars(args), "runs": {}}
+    try:  # runs of other (server, protocol) pairs from an earlier invocation are kept; each run has its date
+        result["runs"].update(json.loads((out / "latency_budget.json").read_text()).get("runs", {}))
+    except (OSError, ValueError):
+        pass
     for side in ("Kernel", "Triton"):
         if side.lower() not in args.servers:
             continue
@@ -315,10 +420,10 @@ def main(argv=None) -> int:
                                            REPO, args.ports, logs)[0]
             try:
                 perf(srv, proto, 1.0, logs, "warmup")
-                r = {"clean": clean_run(srv, side, proto, args, logs)}
+                r = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "clean": clean_run(srv, side, proto, args, logs)}
                 print(f"{side} {proto}: {json.dumps(r['clean']['procs'])} p50 {r['clean']['perf']['p50_us']:.0f}",
                       file=sys.stderr, flush=True)
-                if not args.no_pyspy and side == "Kernel":
+                if not args.no_pyspy:
                     r["pyspy"] = pyspy_run(srv, side, proto, args, logs)
                 if not args.no_strace:
                     r["strace"] = strace_run(srv, side, proto, args, logs)
