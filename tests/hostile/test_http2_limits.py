@@ -70,6 +70,7 @@ class RawH2:
         self.encoder = hpack.Encoder()
         self.buf = b""
         self.settings: dict[int, int] = {}
+        self.statuses: dict[int, int] = {}  # grpc-status of every call grpc_status() saw end
         if preface:
             self.send(PREFACE + frame(SETTINGS, 0, 0))
 
@@ -133,8 +134,10 @@ class RawH2:
             kind, flags, sid, payload = self.read_frame(max(0.1, deadline - time.monotonic()))
             if kind == HEADERS:
                 fields = dict(decoder.decode(payload))
-                if sid == stream_id and "grpc-status" in fields:
-                    return int(fields["grpc-status"]), fields.get("grpc-message", "")
+                if "grpc-status" in fields:
+                    self.statuses[sid] = int(fields["grpc-status"])
+                    if sid == stream_id:
+                        return int(fields["grpc-status"]), fields.get("grpc-message", "")
         raise AssertionError(f"no grpc-status for stream {stream_id}")
 
     def closed_by_server(self, timeout: float = 10.0) -> bool:
@@ -588,5 +591,24 @@ def test_frames_that_do_nothing_get_goaway(native, flood):
                 pass
             goaway = c.wait_goaway()
             assert goaway.code == ENHANCE_YOUR_CALM and goaway.debug == b"flood"
+        finally:
+            c.close()
+
+
+def test_partial_messages_per_connection_are_bounded(native):
+    """Partial messages on one connection hold at most 1 GiB (one message alone up to the message limit)."""
+    with Bounded(native, 20):
+        c = RawH2(native.grpc_port)
+        try:
+            start = b"\x00" + struct.pack(">L", 600 << 20) + b"x" * 1024  # 600 MiB announced, 1 KiB sent
+            c.send(c.headers(1, INFER) + frame(DATA, 0, 1, start))
+            c.send(c.headers(3, INFER) + frame(DATA, 0, 3, start))
+            code, message = c.grpc_status(3, timeout=5)
+            assert code == 8 and "on this connection" in message  # RESOURCE_EXHAUSTED
+            c.send(frame(RST_STREAM, 0, 1, struct.pack(">L", CANCEL)))  # frees what stream 1 held
+            c.send(c.headers(5, INFER) + frame(DATA, 0, 5, start))
+            c.send(c.call(7, LIVE, grpc_message(tc_pb.ServerLiveRequest())))
+            assert c.grpc_status(7) == (0, "")
+            assert 5 not in c.statuses  # admitted: it is still waiting for the rest of its message
         finally:
             c.close()

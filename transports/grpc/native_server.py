@@ -117,6 +117,7 @@ class GrpcStream(Stream):
     __slots__ = (
         "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
         "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
+        "reserved",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
@@ -139,6 +140,7 @@ class GrpcStream(Stream):
         self.metadata = None  # client metadata of an infer call, kept only when headers are forwarded
         self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read
         self.call = None  # the decoded request of a unary call, between its end of input and its start
+        self.reserved = 0  # the size of its partial message, counted in the connection's `reserved`
 
 
 class GrpcConnection(Http2Connection):
@@ -156,6 +158,8 @@ class GrpcConnection(Http2Connection):
         self.max_message_size = server.max_message_size
         self.max_decompressed_size = min(server.max_decompressed_size, server.max_message_size)
         self.ready: list = []  # unary calls whose request is complete, started once the read is handled
+        self.max_buffered = server.max_buffered_per_connection
+        self.reserved = 0  # declared sizes of the partial request messages of all calls
 
     # ---- a call starts ----------------------------------------------------------
 
@@ -224,6 +228,8 @@ class GrpcConnection(Http2Connection):
                 return
             buf = b"".join(s.parts)
             s.parts = []
+            if s.reserved:
+                self._release(s)
         else:
             buf = chunk
         pos = 0
@@ -250,7 +256,25 @@ class GrpcConnection(Http2Connection):
             rest = buf[pos:]
             s.parts = [rest]
             s.have = len(rest)
-            s.need = 5 + U32.unpack_from(rest, 1)[0] if len(rest) >= 5 else 5
+            if len(rest) < 5:
+                s.need = 5
+                return
+            s.need = need = 5 + U32.unpack_from(rest, 1)[0]
+            # What the partial messages of all calls on this connection may hold: past the
+            # limit a call is refused, unless it is the only one (one message may always reach
+            # max_message_size).
+            if self.reserved and self.reserved + need > self.max_buffered:
+                s.parts = []
+                self._finish(s, codec.RESOURCE_EXHAUSTED,
+                             f"request messages in progress on this connection would hold more than "
+                             f"{self.max_buffered} bytes")
+                return
+            s.reserved = need
+            self.reserved += need
+
+    def _release(self, s: GrpcStream) -> None:
+        self.reserved -= s.reserved
+        s.reserved = 0
 
     def _decompress(self, s: GrpcStream, message: bytes) -> Optional[bytes]:
         """The message inflated, never past the limit: a few KB of gzip can expand to gigabytes."""
@@ -508,6 +532,8 @@ class GrpcConnection(Http2Connection):
 
     def on_closed(self, s: GrpcStream) -> None:
         """Stop the call's timer and any work still running."""
+        if s.reserved:
+            self._release(s)
         if s.trace is not None:
             trace, s.trace = s.trace, None
             trace.stamp("GRPC_SEND_END")
@@ -544,6 +570,7 @@ class NativeServer:
         self.limits = options.http2_limits() if options is not None else Http2Limits()
         self.max_message_size = getattr(options, "max_message_size", 2**31 - 1)
         self.max_decompressed_size = getattr(options, "max_decompressed_size", 64 * 1024 * 1024)
+        self.max_buffered_per_connection = getattr(options, "max_buffered_per_connection", 1 << 30)
 
     async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
         self.loop = asyncio.get_running_loop()

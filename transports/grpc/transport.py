@@ -57,6 +57,9 @@ class GrpcOptions:
     # Kernel only. What a compressed request message may inflate to (never more than
     # max_message_size): the default of --http-max-input-size, which bounds compressed HTTP bodies.
     max_decompressed_size: int = 64 * 1024 * 1024
+    # Kernel only. What the partial request messages of all calls on one connection may hold
+    # (one message alone may always reach max_message_size); calls past it: RESOURCE_EXHAUSTED.
+    max_buffered_per_connection: int = 1 << 30
     # Kernel only. The other limits of Kernel's own HTTP/2 server (streams, header sizes,
     # windows, flood policing, timeouts); the --grpc-* fields above take precedence.
     http2: Http2Limits = dataclasses.field(default_factory=Http2Limits)
@@ -91,7 +94,7 @@ class GrpcOptions:
                             ("--grpc-max-connection-age-grace", self.max_connection_age_grace_ms)):
             if value is not None and value <= 0:
                 raise ValueError(f"{flag} must be positive")
-        if self.max_message_size <= 0 or self.max_decompressed_size <= 0:
+        if self.max_message_size <= 0 or self.max_decompressed_size <= 0 or self.max_buffered_per_connection <= 0:
             raise ValueError("the gRPC message size limits must be positive")
         if self.infer_allocation_pool_size < 0:
             raise ValueError("--grpc-infer-allocation-pool-size must be >= 0")
