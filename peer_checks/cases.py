@@ -204,6 +204,10 @@ CASES: list[Case] = [
     post("generate-unknown-model", "/v2/models/no_such_model/generate", {"INPUT0": V4}),
     # ---- statistics, repository index, shared memory, trace, logging ------------------------
     get("stats-all", "/v2/models/stats"),
+    get("model-ready-version", "/v2/models/add_sub/versions/1/ready"),
+    get("model-config-version", "/v2/models/add_sub/versions/1/config"),
+    post("generate-stream-decoupled", "/v2/models/repeat_int32/generate_stream", {"IN": [7, 8]}),
+    post("generate-decoupled", "/v2/models/repeat_int32/generate", {"IN": [7, 8]}),
     get("stats-version", "/v2/models/add_sub/versions/1/stats"),
     post("repository-index-ready-not-bool", "/v2/repository/index", {"ready": "yes"}),
     post("shm-register", "/v2/systemsharedmemory/region/peer_r1/register",
@@ -329,6 +333,24 @@ CASES: list[Case] = [
     rpc("grpc-trace-with-key", "TraceSetting", {}, metadata=RESTRICTED_METADATA),
     rpc("grpc-log-settings", "LogSettings", {}),
     rpc("grpc-statistics-all", "ModelStatistics", {}),
+    rpc("grpc-statistics-version", "ModelStatistics", {"name": "add_sub", "version": "1"}),
+    rpc("grpc-model-ready-version", "ModelReady", {"name": "add_sub", "version": "1"}),
+    rpc("grpc-model-ready-bad-version", "ModelReady", {"name": "add_sub", "version": "x"}),
+    rpc("grpc-shm-register", "SystemSharedMemoryRegister", {"name": "peer_g1", "key": "{shm_key}", "byte_size": 32}),
+    rpc("grpc-shm-status-region", "SystemSharedMemoryStatus", {"name": "peer_g1"}),
+    rpc("grpc-infer-from-shm", "ModelInfer", grpc_add_sub(raw=False, inputs=[
+        {"name": "INPUT0", "datatype": "FP32", "shape": [4], "parameters": {
+            "shared_memory_region": {"string_param": "peer_g1"}, "shared_memory_byte_size": {"int64_param": 16}}},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [4], "parameters": {
+            "shared_memory_region": {"string_param": "peer_g1"}, "shared_memory_byte_size": {"int64_param": 16},
+            "shared_memory_offset": {"int64_param": 16}}}])),
+    rpc("grpc-shm-unregister", "SystemSharedMemoryUnregister", {"name": "peer_g1"}),
+    rpc("grpc-cuda-shm-unregister-unknown", "CudaSharedMemoryUnregister", {"name": "nope"}),
+    rpc("grpc-log-settings-update", "LogSettings", {"settings": {"log_info": {"bool_param": True}}}),
+    rpc("grpc-log-settings-bad", "LogSettings", {"settings": {"log_verbose_level": {"string_param": "loud"}}}),
+    rpc("grpc-trace-with-key-model", "TraceSetting", {"model_name": "add_sub"}, metadata=RESTRICTED_METADATA),
+    rpc("grpc-unload-dependents-unknown", "RepositoryModelUnload", {
+        "model_name": "no_such_model", "parameters": {"unload_dependents": {"bool_param": True}}}),
     rpc("grpc-infer-classification", "ModelInfer",
         grpc_add_sub(outputs=[{"name": "OUTPUT0", "parameters": {"classification": {"int64_param": 2}}}])),
     rpc("grpc-infer-sequence-on-plain-model", "ModelInfer",

@@ -103,6 +103,9 @@ OPEN: dict[str, str] = {
     "infer-wrong-type": "backends/python: as infer-wrong-count",
     "infer-crasher-dies": "backends/python: Triton's answer for a request whose worker died is only \"Stub "
                           "process 'crasher_0' is not healthy.\"",
+    "generate-decoupled": "transports/http generate: Triton answers 200 with the error in the body and without "
+                          "Kernel's ' (got 2)'; Kernel answers 500 (the owner may rather list the status as "
+                          "deliberate)",
     "infer-classification": "transports/http: the 'classification' output parameter is ignored (Triton answers "
                             "the top classes as BYTES '<value>:<index>')",
     "grpc-infer-classification": "transports/grpc: the 'classification' output parameter is refused as "

@@ -255,6 +255,7 @@ def send_grpc(peer: Peer, rpc: str, request: dict, metadata: tuple = (), timeout
         "SystemSharedMemoryUnregister": "SystemSharedMemoryUnregisterRequest",
         "CudaSharedMemoryStatus": "CudaSharedMemoryStatusRequest",
         "CudaSharedMemoryRegister": "CudaSharedMemoryRegisterRequest",
+        "CudaSharedMemoryUnregister": "CudaSharedMemoryUnregisterRequest",
         "TraceSetting": "TraceSettingRequest", "LogSettings": "LogSettingsRequest",
     }[rpc]
     message = json_format.ParseDict(request, getattr(service_pb2, request_type)())
