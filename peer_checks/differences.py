@@ -21,6 +21,13 @@ _SHM_CLIENT_ERRORS = (
     "(Triton: 500 / INTERNAL); decided in issue 14 items 3 and 12 (commit 506c4fe)"
 )
 
+_MME_INVOKE = (
+    "POST /models/<name>/invoke without an X-Amzn-SageMaker-Target-Model header: Kernel serves the model "
+    "loaded as <name> (whatever target name it was registered under); Triton 2.51 looks up <name> itself "
+    "and answers 400 'Request for unknown model' when the load had named a target (SageMaker always sends "
+    "the header, and then both serve the same model)"
+)
+
 # case id -> why Kernel answers differently, on purpose
 DIFFERENCES: dict[str, str] = {
     "load-unknown-model": _CLIENT_ERRORS,
@@ -51,6 +58,11 @@ DIFFERENCES: dict[str, str] = {
     "sagemaker-models-listed":
         "Triton 2.51 lists a model loaded with an X-Amzn-SageMaker-Target-Model header as an empty "
         "object ({\"models\": [{}]}); Kernel lists its modelName and modelUrl",
+    "sagemaker-invoke-bad-json": _MME_INVOKE,
+    "sagemaker-invoke-wrong-dtype": _MME_INVOKE,
+    "sagemaker-invocations-response-stream":
+        "Triton 2.51 has no /invocations-response-stream route (400, no body); Kernel serves SageMaker's "
+        "response-streaming contract there (server-sent events), as later Triton releases do",
     "vertex-redirect-unload":
         "Kernel refuses redirects that change server state (load/unload, shared-memory register/"
         "unregister) with 403: the predict route is open to every caller of the endpoint, the "
