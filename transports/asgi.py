@@ -14,7 +14,21 @@ from typing import Optional
 
 import msgspec
 
+from kernel.core.errors import ErrorCode, KernelError
 from kernel.transports.http_limits import Http1Limits, protocol_with
+
+# KernelError code -> HTTP status, as tritonserver answers; every other code is a client error (400).
+_STATUS = {
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 501,
+}
+
+
+def status_for(error: KernelError) -> int:
+    """The HTTP status for a KernelError (shared by the KServe, SageMaker and Vertex AI routes)."""
+    return _STATUS.get(error.code, 400)
 
 
 async def lifespan(receive, send) -> None:

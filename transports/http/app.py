@@ -15,7 +15,8 @@ from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import collect_single_response
 from kernel.transports.restrictions import Category, Restrictions, http_message
 from kernel.core.server import Server
-from kernel.transports.asgi import lifespan, send_error, send_json, send_response, send_status
+from kernel.transports.asgi import lifespan, send_error, send_json, send_response, send_status, status_for
+from kernel.transports.http.body import check_size, read_body
 from kernel.transports.http import codec, generate, shared_memory
 from kernel.transports.http import log_trace as settings
 from kernel.transports.http import repository_api as repository
@@ -25,21 +26,10 @@ from kernel.transports.restrictions import http_category
 log = logging.getLogger("kernel.http")
 
 # Triton's mapping from error category to HTTP status.
-_STATUS = {
-    ErrorCode.INTERNAL: 500,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.UNSUPPORTED: 501,
-}
-
 _JSON = [(b"content-type", b"application/json")]
 # Infer requests answered sooner never start a disconnect-watching task (transports/http/disconnect.py).
 _WATCH_AFTER_S = 0.02
 _EMPTY_OK = {"type": "http.response.body", "body": b""}
-
-
-def status_for(error: KernelError) -> int:
-    return _STATUS.get(error.code, 400)
 
 
 class HttpApp:
@@ -180,7 +170,7 @@ class HttpApp:
                 header_length = codec.header_length(value)
             elif key == b"content-encoding":
                 encoding = value.decode("latin-1").lower()
-        body = await self._read_body(receive)
+        body = await self.read_body(receive)
         if body is None:
             return  # client went away
         if trace is not None:
@@ -224,34 +214,9 @@ class HttpApp:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _read_body(self, receive) -> Optional[bytes]:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        body = message.get("body", b"")
-        if not message.get("more_body", False):
-            self._check_size(len(body))
-            return body
-        chunks = [body]
-        size = len(body)
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            self._check_size(size)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
-    def _check_size(self, size: int) -> None:
-        if size > self.max_input_size:
-            raise KernelError(
-                ErrorCode.INVALID_ARG,
-                f"request body of {size} or more bytes exceeds the maximum allowed input size of "
-                f"{self.max_input_size} bytes. Use --http-max-input-size to increase the limit.",
-            )
+    async def read_body(self, receive) -> Optional[bytes]:
+        """The whole request body, never past --http-max-input-size; None if the client went away."""
+        return await read_body(receive, self.max_input_size)
 
     def _decompress(self, body: bytes, encoding: str) -> bytes:
         """The body inflated, never past --http-max-input-size.
@@ -270,7 +235,7 @@ class HttpApp:
                 d = zlib.decompressobj(wbits)
                 out = d.decompress(rest, self.max_input_size - size + 1)
                 size += len(out)
-                self._check_size(size)
+                check_size(size, self.max_input_size)
                 parts.append(out)
                 if not d.eof:
                     raise KernelError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: "

@@ -24,7 +24,7 @@ import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor
-from kernel.transports.asgi import JSON_HEADERS, send_error, send_response
+from kernel.transports.asgi import JSON_HEADERS, send_error, send_response, status_for
 from kernel.transports.http import codec
 from kernel.transports.http.disconnect import DisconnectWatch
 
@@ -50,13 +50,6 @@ def is_flag_only(response: InferResponse, decoupled: bool) -> bool:
         and not response.outputs
         and not response.parameters
     )
-
-
-def status_for(error: KernelError) -> int:
-    # The HTTP app's mapping; imported lazily to keep this module importable on its own.
-    from kernel.transports.http.app import status_for as _status_for
-
-    return _status_for(error)
 
 
 class ResponseQueue:
@@ -135,7 +128,7 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
     """Serve one generate / generate_stream call; KernelError before inference -> caller's JSON error."""
     server = app.server
     model = server.model(name, version)
-    body = await app._read_body(receive)
+    body = await app.read_body(receive)
     if body is None:
         return  # client went away
     for key, value in scope["headers"]:
@@ -273,7 +266,7 @@ async def handle_infer_stream(app, name: str, version: str, header_length: Optio
     """Run a KServe v2 infer request and stream each response as an SSE event of KServe v2 JSON."""
     server = app.server
     model = server.model(name, version)
-    body = await app._read_body(receive)
+    body = await app.read_body(receive)
     if body is None:
         return
     request, _, _ = codec.parse_infer_request(body, header_length, name, version)

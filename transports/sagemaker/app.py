@@ -36,7 +36,8 @@ from kernel.core.server import Server
 from kernel.transports.asgi import lifespan, send_error, send_json, send_status
 from kernel.transports import cloud
 from kernel.transports.http import generate
-from kernel.transports.http.app import HttpApp, status_for
+from kernel.transports.asgi import status_for
+from kernel.transports.http.app import HttpApp
 
 log = logging.getLogger("kernel.sagemaker")
 

@@ -29,7 +29,8 @@ from kernel.core.server import Server
 from kernel.observe.metrics import MetricsService
 from kernel.transports.asgi import lifespan, send_error, send_response, send_status
 from kernel.transports import cloud
-from kernel.transports.http.app import HttpApp, status_for
+from kernel.transports.asgi import status_for
+from kernel.transports.http.app import HttpApp
 
 log = logging.getLogger("kernel.vertex")
 
