@@ -35,7 +35,7 @@ class Case:
     request: object = None  # gRPC: the request as a dict (a list of them for "stream")
     metadata: tuple = ()
     compare: str = "full"
-    # Substitutions made in the MME url etc. at run time: "{mme}" in path/body.
+    # Bodies may hold "{mme}", "{shm_key}" and "{add_sub_model_py}": filled in at run time.
 
 
 def _json(doc) -> bytes:
@@ -108,10 +108,6 @@ CONFIG_OVERRIDE = json.dumps({
                {"name": "OUTPUT1", "data_type": "TYPE_FP32", "dims": [4]}],
 })
 MODEL_PY = "{add_sub_model_py}"  # replaced by the runner with add_sub's model.py, base64
-
-
-def load(name, parameters=None) -> bytes:
-    return _json({"parameters": parameters} if parameters is not None else {})
 
 
 ONE_INPUT = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}

@@ -16,9 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sys
-
-from conftest import EXAMPLES, ROOT, TEST_MODELS, free_ports  # noqa: E402
+from conftest import EXAMPLES, ROOT, TEST_MODELS, free_ports  # peer_checks/conftest.py re-exports tests/conftest's
 from kernel.client import AsyncioModelClient, DecoupledModelClient, FuturesModelClient, ModelClient
 from kernel.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientModelUnavailableError
 
