@@ -116,6 +116,7 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
         self.paused = False
         self.closing = False
         self.goaway_sent = False
+        self.failed = False
         self.pings_without_data = 0  # keepalive pings sent since DATA or HEADERS last went out
         self.clock = ConnectionClock(self)
 
@@ -205,6 +206,8 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
     # ---- input ----------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self.failed:
+            return  # a connection error was answered with GOAWAY: nothing more is read
         partial = self.partial
         if partial is not None:
             partial += data
@@ -267,6 +270,7 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
                     raise ProtocolError(ENHANCE_YOUR_CALM, "flood of frames that do nothing", b"flood")
         except (ProtocolError, HeaderError) as exc:
             log.debug("HTTP/2 protocol error from a client: %s", exc)
+            self.failed = True
             self.goaway(exc.code, getattr(exc, "debug", b"") or str(exc).encode("ascii", "replace")[:256])
             self.close_soon(LINGER_AFTER_ERROR)
             return
