@@ -145,6 +145,11 @@ NOT_SENT: dict[str, str] = {
         "tests/transports/test_sagemaker.py::test_multi_model_bad_loads",
     "SageMaker POST /models without model_name":
         "Triton 2.51 never answers (the request hangs); Kernel answers 400: test_multi_model_bad_loads",
+    "SageMaker /invocations with no SAGEMAKER_TRITON_DEFAULT_MODEL_NAME and exactly one model":
+        "(deliberate; not in the table, whose servers name a default model) tritonserver 2.51 answers 404 "
+        "'Request for unknown model: 'unspecified_SAGEMAKER_TRITON_DEFAULT_MODEL_NAME' is not found' (its "
+        "container's serve script picks the only model); Kernel's endpoint picks the only model itself. With "
+        "several models Kernel answers Triton's 404: tests/transports/test_sagemaker.py::test_default_model_selection",
     "Chunked /invocations body of 65537 one-byte chunks":
         "Triton 2.51 has no cap (later Triton caps at 65536 non-empty chunks with the words Kernel uses): "
         "tests/transports/test_sagemaker.py::test_chunked_invocations_body_is_capped_at_65536_chunks",
