@@ -28,7 +28,9 @@ from kernel.serve.flags import ArgumentsRefused
 INTEGER_FLAGS = [
     "exit-timeout-secs", "repository-poll-secs", "model-load-thread-count", "model-load-retry-count",
     "http-port", "http-thread-count", "grpc-port", "grpc-infer-allocation-pool-size", "grpc-keepalive-time",
-    "grpc-keepalive-timeout", "grpc-http2-max-pings-without-data", "sagemaker-port", "sagemaker-thread-count",
+    "grpc-keepalive-timeout", "grpc-http2-max-pings-without-data", "grpc-http2-max-ping-strikes",
+    "grpc-http2-min-recv-ping-interval-without-data", "grpc-max-connection-age", "grpc-max-connection-age-grace",
+    "sagemaker-port", "sagemaker-thread-count",
     "vertex-ai-port", "vertex-ai-thread-count", "metrics-port", "pinned-memory-pool-byte-size",
     "buffer-manager-thread-count", "response-cache-byte-size", "trace-rate", "trace-count", "trace-log-frequency",
 ]
