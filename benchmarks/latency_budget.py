@@ -152,10 +152,28 @@ def server_procs(srv, side: str) -> dict[str, int]:
     return procs
 
 
+CLIENT_PREFIX: list[str] = []  # ["taskset", "-c", CPUS] with --pin
+
+
+def pin_server(root_pid: int, cpus: set[int]) -> int:
+    """Every thread of the server and its descendants onto CPUS; returns how many threads."""
+    from suite import descendants
+
+    n = 0
+    for pid in descendants(root_pid):
+        for t in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                os.sched_setaffinity(int(t.name), cpus)
+                n += 1
+            except OSError:
+                pass
+    return n
+
+
 def perf(srv, protocol: str, seconds: float, logs: Path, tag: str) -> dict:
     with tempfile.TemporaryDirectory() as td:
         csv = Path(td) / "pa.csv"
-        cmd = [*peers.perf_cmd(), "-m", "add_sub", "-u", f"localhost:{srv.port(protocol)}", "-i", protocol,
+        cmd = [*CLIENT_PREFIX, *peers.perf_cmd(), "-m", "add_sub", "-u", f"localhost:{srv.port(protocol)}", "-i", protocol,
                "--concurrency-range", "1:1", "--measurement-interval", str(int(seconds * 1000 / 3)),
                "--stability-percentage", "1000", "--max-trials", "3", "-f", str(csv)]
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -318,6 +336,9 @@ def tables(result: dict) -> str:
     md = []
     for key, r in result["runs"].items():
         side, proto = key.split("/")
+        proto, _, pin = proto.partition("+")
+        if pin:
+            side += f" (pinned: server CPUs {pin.split(':')[0]}, client CPUs {pin.split(':')[1]})"
         c = r["clean"]
         md.append(f"### {side} {proto.upper()} c=1 ({r.get('started', '')}): {c['perf']['infer_per_s']:,.0f} infer/s, p50 {c['perf']['p50_us']:,.0f} µs, "
                   f"p99 {c['perf']['p99_us']:,.0f} µs ({c['requests']:,} requests, load {c['loadavg_1m']})\n")
@@ -383,6 +404,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-perf", action="store_true", help="skip Linux perf record (on-CPU samples by shared object)")
     ap.add_argument("--ports", type=int, nargs=3, default=[28300, 28301, 28302])
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--pin", metavar="SERVER:CLIENT",
+                    help="CPU lists, e.g. 0:1: every server thread (front and workers) on SERVER, perf_analyzer on CLIENT")
     ap.add_argument("--retable", action="store_true",
                     help="measure nothing: re-classify the saved py-spy profiles and rewrite the tables")
     args = ap.parse_args(argv)
@@ -391,6 +414,7 @@ def main(argv=None) -> int:
         result = json.loads((out / "latency_budget.json").read_text())
         for key, r in result["runs"].items():
             side, proto = key.split("/")
+            proto = proto.partition("+")[0]
             for k, prof in r.get("pyspy", {}).items():
                 raw = out / "latency_budget" / f"pyspy_{side.lower()}_{proto}_{k}.txt"
                 if k not in ("perf_under_pyspy", "linux_perf") and raw.exists():
@@ -403,6 +427,12 @@ def main(argv=None) -> int:
     logs = out / "latency_budget"
     logs.mkdir(parents=True, exist_ok=True)
     peers.ensure()
+    server_cpus: set[int] = set()
+    client_cpus = ""
+    if args.pin:
+        srv_list, _, client_cpus = args.pin.partition(":")
+        server_cpus = {int(x) for x in srv_list.split(",")}
+        CLIENT_PREFIX[:] = ["taskset", "-c", client_cpus]
     result = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "command": shlex.join(["python", *sys.argv]),
               "settings": vars(args), "runs": {}}
     try:  # runs of other (server, protocol) pairs from an earlier invocation are kept; each run has its date
@@ -419,6 +449,9 @@ def main(argv=None) -> int:
                 srv = harness.start_kernel(SimpleNamespace(kernel_cmd=None, kernel_label="Kernel", kernel_start_timeout=90),
                                            REPO, args.ports, logs)[0]
             try:
+                if args.pin:
+                    n = pin_server(srv.main_pid, server_cpus)
+                    print(f"  pinned {n} server threads to CPUs {sorted(server_cpus)}; client on {client_cpus}", file=sys.stderr)
                 perf(srv, proto, 1.0, logs, "warmup")
                 r = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "clean": clean_run(srv, side, proto, args, logs)}
                 print(f"{side} {proto}: {json.dumps(r['clean']['procs'])} p50 {r['clean']['perf']['p50_us']:.0f}",
@@ -427,7 +460,7 @@ def main(argv=None) -> int:
                     r["pyspy"] = pyspy_run(srv, side, proto, args, logs)
                 if not args.no_strace:
                     r["strace"] = strace_run(srv, side, proto, args, logs)
-                result["runs"][f"{side}/{proto}"] = r
+                result["runs"][f"{side}/{proto}" + (f"+{args.pin}" if args.pin else "")] = r
             finally:
                 srv.stop()
     if "kernel" in args.servers:

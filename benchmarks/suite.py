@@ -437,8 +437,8 @@ def plot(summaries: list[dict], out: Path, title: str) -> None:
         better = s["ratio"] >= 1.0 if s["kind"] == "perf" else s["ratio"] <= 1.0
         colors.append("#3b6fb6" if better else "#d9822b")
     ax.barh(ys, vals, xerr=[lo, hi], color=colors, capsize=3, error_kw={"elinewidth": 1})
-    for y, s in zip(ys, rows):
-        ax.text(s["ratio"] + 0.03, y, f"{s['ratio']:.2f}×", va="center", fontsize=7)
+    for y, s, h in zip(ys, rows, hi):
+        ax.text(s["ratio"] + h + 0.03, y, f"{s['ratio']:.2f}×", va="center", fontsize=7)
     ax.axvline(1.0, color="black", lw=0.8)
     tgt = [(y, BY_NAME[s["scenario"]].target_ratio) for y, s in zip(ys, rows) if BY_NAME[s["scenario"]].target_ratio]
     if tgt:
