@@ -113,14 +113,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._header_bytes = 0
 
     def on_headers_complete(self) -> None:
-        size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
         self._phase = _BODY
         self._body_pieces = 0
-        self._chunked = any(k.lower() == b"transfer-encoding" and b"chunked" in v.lower() for k, v in self.headers)
-        if size > self.limits.max_header_bytes:
-            self._refuse(b"431 Request Header Fields Too Large",
-                         b"the request headers exceed %d bytes" % self.limits.max_header_bytes)
-            raise httptools.HttpParserError("request headers too large")
+        chunked = False
+        for name, value in self.headers:  # names are lower case already (uvicorn's on_header)
+            if name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        self._chunked = chunked
+        # The reads so far bound the headers' size: count them exactly only when those could exceed the limit.
+        if self._header_bytes > self.limits.max_header_bytes:
+            size = len(self.url) + sum(len(k) + len(v) + 4 for k, v in self.headers)
+            if size > self.limits.max_header_bytes:
+                self._refuse(b"431 Request Header Fields Too Large",
+                             b"the request headers exceed %d bytes" % self.limits.max_header_bytes)
+                raise httptools.HttpParserError("request headers too large")
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
