@@ -38,7 +38,13 @@ from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.model import Model, ModelState
 from kernel.loading.loader import ModelLoader
 from kernel.loading.names import parse_version, printable, validate_model_name
-from kernel.loading.files import Fingerprint, fingerprint, remove_override_folder, write_override_folder
+from kernel.loading.files import (
+    Fingerprint,
+    fingerprint_or_none,
+    fingerprints,
+    remove_override_folder,
+    write_override_folder,
+)
 from kernel.core.registry import UNLOADED
 
 if TYPE_CHECKING:
@@ -85,7 +91,7 @@ class ModelControl:
 
     async def load_startup_models(self) -> bool:
         """Load what the mode loads at start-up. False when a --load-model model was not found."""
-        dirs, duplicates = await asyncio.to_thread(self._scan)
+        dirs, duplicates = await asyncio.to_thread(repository.scan_repositories, self.server.options.model_repositories, self.server.options.model_config_name or None)
         names = sorted(dirs)
         all_found = True
         if self.mode is ControlMode.EXPLICIT:
@@ -107,7 +113,7 @@ class ModelControl:
                     log.error("failed to poll model '%s': model not found in any model repository.", name)
                     all_found = False
             explicit = {n for n in wanted if n in dirs or n in duplicates}
-            names = sorted(await asyncio.to_thread(_with_steps, explicit, dirs))
+            names = sorted(await asyncio.to_thread(repository.with_steps, explicit, dirs))
         else:
             explicit = set(names) | set(duplicates)
         clash = sorted(explicit & set(duplicates))
@@ -118,7 +124,7 @@ class ModelControl:
             raise StartupError(f"model '{clash[0]}' appears in two repositories: {roots}")
         prints: dict[str, Optional[Fingerprint]] = {}
         if self.mode is not ControlMode.NONE:
-            prints = await asyncio.to_thread(_fingerprints, {n: dirs[n] for n in names})
+            prints = await asyncio.to_thread(fingerprints, {n: dirs[n] for n in names})
         await asyncio.gather(*(self.loader.load(dirs[n]) for n in names))
         if self.mode is not ControlMode.NONE:
             for name in names:
@@ -163,13 +169,13 @@ class ModelControl:
         if self.server.stopping:
             return
         try:
-            dirs, duplicates = await asyncio.to_thread(self._scan)
+            dirs, duplicates = await asyncio.to_thread(repository.scan_repositories, self.server.options.model_repositories, self.server.options.model_config_name or None)
         except (OSError, KernelError) as exc:
             log.error("failed to poll model repository: %s", getattr(exc, "message", exc))
             return
         for name in duplicates:
             log.error("failed to poll model '%s': not unique across all model repositories", name)
-        prints = await asyncio.to_thread(_fingerprints, dirs)
+        prints = await asyncio.to_thread(fingerprints, dirs)
         removed = [n for n in self.tracked if n not in dirs]
         for name in self._with_dependent_ensembles(removed):
             log.info("model '%s' was removed from the model repository", name)
@@ -195,7 +201,7 @@ class ModelControl:
 
     async def index(self, ready_only: bool = False) -> list[dict]:
         """The repository index: every model folder of every repository, with its versions' states."""
-        names, duplicates = await asyncio.to_thread(self._folder_names)
+        names, duplicates = await asyncio.to_thread(repository.folder_names, self.server.options.model_repositories)
         out: list[dict] = []
         for name in sorted(names | duplicates):
             if name in duplicates:
@@ -304,7 +310,7 @@ class ModelControl:
             if override is not None:
                 cfg = override
             else:
-                cfg, unreadable = await asyncio.to_thread(_config_or_parse_error, md)
+                cfg, unreadable = await asyncio.to_thread(repository.config_or_parse_error, md)
                 if unreadable is not None:
                     # tritonserver: a config.pbtxt it cannot parse fails the poll (500), and the
                     # model is left as it was (the index lists its name only).
@@ -316,7 +322,7 @@ class ModelControl:
                         await self._load_with_steps(step, None, None, False, visiting)
                     except KernelError as exc:  # the ensemble's own load says what is missing
                         log.error("failed to load '%s' (a step of ensemble '%s'): %s", step, name, exc.message)
-            fp = await asyncio.to_thread(_fingerprint_or_none, md)
+            fp = await asyncio.to_thread(fingerprint_or_none, md)
         except BaseException:
             if folder is not None:
                 await asyncio.to_thread(remove_override_folder, folder)
@@ -324,7 +330,7 @@ class ModelControl:
         await self._load_locked(name, md, fp, override, folder, explicit)
 
     async def _locate(self, name: str) -> repository.ModelDir:
-        roots = await asyncio.to_thread(self._folders_named, name)
+        roots = await asyncio.to_thread(repository.folders_named, self.server.options.model_repositories, name)
         if len(roots) > 1:
             raise _poll_failed(name, "not unique across all model repositories", ErrorCode.INTERNAL)
         if not roots:
@@ -522,34 +528,6 @@ class ModelControl:
                     out.setdefault(name, set()).update(s.model_name for s in m.config.ensemble_scheduling.step)
         return out
 
-    # ---- the repositories on disk (blocking: run in a thread) ---------------------------
-
-    def _scan(self) -> tuple[dict[str, repository.ModelDir], dict[str, list[Path]]]:
-        """Every model folder of every repository; names found in several repositories apart."""
-        found: dict[str, list[repository.ModelDir]] = {}
-        config_name = self.server.options.model_config_name or None
-        for root in self.server.options.model_repositories:
-            for md in repository.scan_repository(Path(root), config_name):
-                found.setdefault(md.name, []).append(md)
-        dirs = {n: mds[0] for n, mds in found.items() if len(mds) == 1}
-        duplicates = {n: [md.path.parent for md in mds] for n, mds in found.items() if len(mds) > 1}
-        return dirs, duplicates
-
-    def _folder_names(self) -> tuple[set[str], set[str]]:
-        seen: dict[str, int] = {}
-        for root in self.server.options.model_repositories:
-            try:
-                children = sorted(Path(root).iterdir())
-            except OSError as exc:
-                raise KernelError(ErrorCode.INTERNAL, f"failed to read model repository '{root}': {exc}") from None
-            for child in children:
-                if child.is_dir() and not child.name.startswith("."):
-                    seen[child.name] = seen.get(child.name, 0) + 1
-        return {n for n, c in seen.items() if c == 1}, {n for n, c in seen.items() if c > 1}
-
-    def _folders_named(self, name: str) -> list[Path]:
-        return [Path(root) for root in self.server.options.model_repositories if (Path(root) / name).is_dir()]
-
 
 def _poll_failed(name: str, detail: str, code: ErrorCode = ErrorCode.INVALID_ARG) -> KernelError:
     """Triton's answer when the model's folder cannot be used; the detail says why.
@@ -564,47 +542,3 @@ def _poll_failed(name: str, detail: str, code: ErrorCode = ErrorCode.INVALID_ARG
 def _comparable(config: dict) -> dict:
     """A config as compared to decide on a reload: the version policy only picks versions."""
     return {k: v for k, v in config.items() if k != "version_policy"}
-
-
-def _read_config(md: repository.ModelDir):
-    try:
-        return repository.load_model_config(md)
-    except KernelError:
-        return None  # the load itself reports it
-
-
-def _config_or_parse_error(md: repository.ModelDir):
-    """(config, None); (None, reason) when the config file is not valid text protobuf; (None, None)
-    for any other problem, which the load itself reports."""
-    try:
-        return repository.load_model_config(md), None
-    except KernelError as exc:
-        if exc.message.startswith("failed to read text proto"):
-            return None, exc.message
-        return None, None
-
-
-def _fingerprint_or_none(md: repository.ModelDir) -> Optional[Fingerprint]:
-    try:
-        return fingerprint(md)
-    except OSError:
-        return None
-
-
-def _fingerprints(dirs: dict[str, repository.ModelDir]) -> dict[str, Optional[Fingerprint]]:
-    return {name: _fingerprint_or_none(md) for name, md in dirs.items()}
-
-
-def _with_steps(names: set[str], dirs: dict[str, repository.ModelDir]) -> set[str]:
-    """`names` and, for ensembles, the models their steps use (as tritonserver loads them), found in `dirs`."""
-    out = set()
-    todo = list(names)
-    while todo:
-        name = todo.pop()
-        if name in out or name not in dirs:
-            continue
-        out.add(name)
-        cfg = _read_config(dirs[name])
-        if cfg is not None and cfg.HasField("ensemble_scheduling"):
-            todo.extend(s.model_name for s in cfg.ensemble_scheduling.step)
-    return out

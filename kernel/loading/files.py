@@ -15,6 +15,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from google.protobuf import text_format
 
@@ -220,3 +221,14 @@ def _write_new(path: str, content: bytes, key: str) -> None:
         raise _invalid(f"Invalid file parameter '{printable(key)}': {exc.strerror}") from None
     with os.fdopen(fd, "wb") as f:
         f.write(content)
+
+
+def fingerprint_or_none(md: ModelDir) -> Optional[Fingerprint]:
+    try:
+        return fingerprint(md)
+    except OSError:
+        return None
+
+
+def fingerprints(dirs: dict[str, ModelDir]) -> dict[str, Optional[Fingerprint]]:
+    return {name: fingerprint_or_none(md) for name, md in dirs.items()}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.config.pbtxt import ModelConfig, parse_config_text
@@ -131,3 +132,70 @@ def select_versions(cfg: ModelConfig, available: list[int]) -> list[int]:
             f"at least one version must be available under the version policy of model '{cfg.name}'",
         )
     return sorted(set(chosen))
+
+
+# ---- the repositories on disk (blocking: model control runs these in a thread) ----------------
+
+
+def scan_repositories(roots, config_name: Optional[str] = None) -> tuple[dict[str, ModelDir], dict[str, list[Path]]]:
+    """Every model folder of every repository; names found in several repositories apart."""
+    found: dict[str, list[ModelDir]] = {}
+    for root in roots:
+        for md in scan_repository(Path(root), config_name):
+            found.setdefault(md.name, []).append(md)
+    dirs = {n: mds[0] for n, mds in found.items() if len(mds) == 1}
+    duplicates = {n: [md.path.parent for md in mds] for n, mds in found.items() if len(mds) > 1}
+    return dirs, duplicates
+
+
+def folder_names(roots) -> tuple[set[str], set[str]]:
+    """Model folder names found in exactly one repository, and those found in several."""
+    seen: dict[str, int] = {}
+    for root in roots:
+        try:
+            children = sorted(Path(root).iterdir())
+        except OSError as exc:
+            raise KernelError(ErrorCode.INTERNAL, f"failed to read model repository '{root}': {exc}") from None
+        for child in children:
+            if child.is_dir() and not child.name.startswith("."):
+                seen[child.name] = seen.get(child.name, 0) + 1
+    return {n for n, c in seen.items() if c == 1}, {n for n, c in seen.items() if c > 1}
+
+
+def folders_named(roots, name: str) -> list[Path]:
+    """The repositories holding a model folder called `name`."""
+    return [Path(root) for root in roots if (Path(root) / name).is_dir()]
+
+
+def read_config_or_none(md: ModelDir):
+    try:
+        return load_model_config(md)
+    except KernelError:
+        return None  # the load itself reports it
+
+
+def config_or_parse_error(md: ModelDir):
+    """(config, None); (None, reason) when the config file is not valid text protobuf; (None, None)
+    for any other problem, which the load itself reports."""
+    try:
+        return load_model_config(md), None
+    except KernelError as exc:
+        if exc.message.startswith("failed to read text proto"):
+            return None, exc.message
+        return None, None
+
+
+def with_steps(names: set[str], dirs: dict[str, ModelDir]) -> set[str]:
+    """`names` and, for ensembles, the models their steps use (as tritonserver loads them), found in `dirs`."""
+    out = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in out or name not in dirs:
+            continue
+        out.add(name)
+        cfg = read_config_or_none(dirs[name])
+        if cfg is not None and cfg.HasField("ensemble_scheduling"):
+            todo.extend(s.model_name for s in cfg.ensemble_scheduling.step)
+    return out
+
