@@ -149,7 +149,7 @@ def test_binary_size_not_matching_shape(server):
 def test_header_length_past_the_body(server):
     status, doc = post(server, "/v2/models/dtype_echo/infer", b"{}", {"Inference-Header-Content-Length": "99"})
     assert status == 400
-    assert "Inference-Header-Content-Length" in doc["error"]
+    assert doc["error"] == "inference header size should be in range (0, 2), got: 99"  # tritonserver's words
 
 
 def test_truncated_bytes_element(server):
@@ -226,3 +226,42 @@ def test_crashing_worker_fails_only_its_requests_and_restarts(server, http_clien
     assert http_client.is_model_ready("crasher")
     result = http_client.infer("crasher", fp32_inputs(INPUT0=np.ones(2)))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.ones(2, np.float32))
+
+
+def _request(server, method: str, path: str, body: bytes = b""):
+    conn = http.client.HTTPConnection("localhost", server.http_port, timeout=30)
+    try:
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, (json.loads(data) if data else None)
+    finally:
+        conn.close()
+
+
+def test_health_routes_take_only_get(server):
+    """tritonserver 2.51: POST on /v2/health/live or /ready is 405 Method Not Allowed."""
+    for route in ("/v2/health/live", "/v2/health/ready"):
+        assert _request(server, "POST", route) == (405, {"error": "Method Not Allowed"})
+        assert _request(server, "GET", route) == (200, None)
+
+
+def test_version_that_is_not_a_number_matches_no_route(server):
+    """tritonserver's model routes want versions/[0-9]+; anything else is its plain 404."""
+    for path in ("/v2/models/add_sub/versions/abc", "/v2/models/add_sub/versions/1x/ready",
+                 "/v2/models/add_sub/versions/-1/config"):
+        assert _request(server, "GET", path) == (404, {"error": "Not Found"}), path
+    assert _request(server, "POST", "/v2/models/add_sub/versions/abc/infer", b"{}") == (404, {"error": "Not Found"})
+    assert _request(server, "GET", "/v2/models/add_sub/versions/1/ready") == (200, None)
+
+
+def test_model_not_ready_has_tritons_body(server):
+    for path in ("/v2/models/no_such_model/ready", "/v2/models/add_sub/versions/7/ready"):
+        assert _request(server, "GET", path) == (400, {"error": "Model version not ready"}), path
+
+
+def test_decoupled_model_over_http_infer_is_501(server, http_client):
+    body = json.dumps({"inputs": [{"name": "IN", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}).encode()
+    status, doc = post(server, "/v2/models/repeat_int32/infer", body)
+    assert (status, doc) == (501, {"error": "HTTP end point doesn't support models with decoupled transaction policy"})
+    assert_still_serving(http_client)

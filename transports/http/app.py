@@ -62,8 +62,10 @@ class HttpApp:
             elif path.startswith("/v2/models/"):
                 await self._model_route(path[11:], method, scope, receive, send)
             elif path == "/v2/health/live":
+                self._require(method, "GET")  # tritonserver: 405 for any other method
                 await send_status(send, 200 if self.server.live else 400)
             elif path == "/v2/health/ready":
+                self._require(method, "GET")
                 await send_status(send, 200 if self.server.ready else 400)
             elif path in ("/v2", "/v2/"):
                 self._require(method, "GET")
@@ -117,6 +119,9 @@ class HttpApp:
         if len(tail) >= 2 and tail[0] == "versions":
             version = tail[1]
             tail = tail[2:]
+            if not (version.isascii() and version.isdigit()):  # tritonserver's route wants [0-9]+: no match
+                await send_error(send, 404, "Not Found")
+                return
         action = tail[0] if tail else ""
         if tail == ["trace", "setting"] and name:  # trace extension, one model's setting
             await settings.handle_trace(self, name, method, receive, send)
@@ -135,8 +140,10 @@ class HttpApp:
             await send_json(send, 200, self.server.model_metadata(name, version))
         elif action == "ready":
             self._require(method, "GET")
-            ready = await self.server.model_ready(name, version)
-            await send_status(send, 200 if ready else 400)
+            if await self.server.model_ready(name, version):
+                await send_status(send, 200)
+            else:  # tritonserver's words, for an unknown model too
+                await send_error(send, 400, "Model version not ready")
         elif action == "config":
             self._require(method, "GET")
             await send_json(send, 200, self.server.model_config(name, version))
@@ -177,6 +184,9 @@ class HttpApp:
             trace.stamp("HTTP_RECV_END")
         if encoding and encoding != "identity":
             body = self._decompress(body, encoding)
+        if self.server.registry.get(name, version).decoupled:  # tritonserver: 501, before the body is parsed
+            raise KernelError(ErrorCode.UNSUPPORTED,
+                              "HTTP end point doesn't support models with decoupled transaction policy")
         request, binary_default, binary_choice = codec.parse_infer_request(
             body, header_length, name, version, self.server.shared_memory
         )
