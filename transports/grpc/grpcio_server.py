@@ -17,7 +17,15 @@ from kernel.core.errors import KernelError
 from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
-from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
+from kernel.transports.grpc.service import (
+    HEALTH_SERVICE,
+    SERVICE,
+    UNARY_RPCS,
+    InferenceService,
+    Serialized,
+    StreamError,
+    drive_stream,
+)
 from kernel.transports.restrictions import grpc_category
 
 log = logging.getLogger("kernel.grpc")
@@ -56,7 +64,6 @@ class GrpcioServer:
         import grpc
         from grpc import aio
 
-        from kernel.transports.grpc.grpclib_server import UNARY_RPCS
 
         self.grpc = grpc
         self.service = service

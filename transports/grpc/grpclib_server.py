@@ -22,32 +22,20 @@ from kernel.core.errors import KernelError
 from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
-from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized, StreamError, drive_stream
+from kernel.transports.grpc.service import (
+    HEALTH_SERVICE,
+    SERVICE,
+    UNARY_RPCS,
+    InferenceService,
+    Serialized,
+    StreamError,
+    drive_stream,
+)
 from kernel.transports.restrictions import grpc_category
 
 log = logging.getLogger("kernel.grpc")
 
 # rpc name -> (request type, response type); ModelInfer and ModelStreamInfer are bound separately.
-UNARY_RPCS = {
-    "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
-    "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
-    "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
-    "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
-    "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-    "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
-    "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
-    "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
-    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
-    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
-    "SystemSharedMemoryStatus": (pb.SystemSharedMemoryStatusRequest, pb.SystemSharedMemoryStatusResponse),
-    "SystemSharedMemoryRegister": (pb.SystemSharedMemoryRegisterRequest, pb.SystemSharedMemoryRegisterResponse),
-    "SystemSharedMemoryUnregister": (pb.SystemSharedMemoryUnregisterRequest, pb.SystemSharedMemoryUnregisterResponse),
-    "CudaSharedMemoryStatus": (pb.CudaSharedMemoryStatusRequest, pb.CudaSharedMemoryStatusResponse),
-    "CudaSharedMemoryRegister": (pb.CudaSharedMemoryRegisterRequest, pb.CudaSharedMemoryRegisterResponse),
-    "CudaSharedMemoryUnregister": (pb.CudaSharedMemoryUnregisterRequest, pb.CudaSharedMemoryUnregisterResponse),
-    "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse),
-    "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
-}
 
 
 def _grpc_error(exc: KernelError) -> GRPCError:

@@ -37,7 +37,7 @@ from kernel.transports.grpc.http2.limits import Http2Limits
 from kernel.transports.grpc.metadata import client_metadata
 from kernel.transports.grpc.wire import PARSE_ERROR, RESPONSE_HEADERS, TRAILERS_OK, parse_timeout, status_block
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
-from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, InferenceService, Serialized
+from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, UNARY_RPCS, InferenceService, Serialized
 
 log = logging.getLogger("kernel.grpc")
 
@@ -47,32 +47,12 @@ UNARY = 0
 INFER = 1
 STREAM = 2
 
-_UNARY_TYPES = {
-    "ServerLive": pb.ServerLiveRequest,
-    "ServerReady": pb.ServerReadyRequest,
-    "ModelReady": pb.ModelReadyRequest,
-    "ServerMetadata": pb.ServerMetadataRequest,
-    "ModelMetadata": pb.ModelMetadataRequest,
-    "ModelConfig": pb.ModelConfigRequest,
-    "ModelStatistics": pb.ModelStatisticsRequest,
-    "RepositoryIndex": pb.RepositoryIndexRequest,
-    "RepositoryModelLoad": pb.RepositoryModelLoadRequest,
-    "RepositoryModelUnload": pb.RepositoryModelUnloadRequest,
-    "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest,
-    "SystemSharedMemoryRegister": pb.SystemSharedMemoryRegisterRequest,
-    "SystemSharedMemoryUnregister": pb.SystemSharedMemoryUnregisterRequest,
-    "CudaSharedMemoryStatus": pb.CudaSharedMemoryStatusRequest,
-    "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest,
-    "CudaSharedMemoryUnregister": pb.CudaSharedMemoryUnregisterRequest,
-    "TraceSetting": pb.TraceSettingRequest,
-    "LogSettings": pb.LogSettingsRequest,
-}
 
 
 def method_table(service: InferenceService) -> dict[bytes, tuple]:
     """':path' -> (kind, request message type, service method)."""
     table: dict[bytes, tuple] = {}
-    for name, req in _UNARY_TYPES.items():
+    for name, (req, _) in UNARY_RPCS.items():
         table[f"/{SERVICE}/{name}".encode()] = (UNARY, req, getattr(service, name))
     table[f"/{HEALTH_SERVICE}/Check".encode()] = (UNARY, Serialized, service.HealthCheck)
     table[f"/{SERVICE}/ModelInfer".encode()] = (INFER, pb.ModelInferRequest, None)
