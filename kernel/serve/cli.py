@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
-import importlib
 import importlib.util
 import logging
 import os
@@ -38,17 +37,6 @@ from kernel.observe.log import LOG_FORMATS, LogSettings
 from kernel.observe.trace_settings import TraceConfigError, config_from_flags
 
 log = logging.getLogger("kernel.core.server")
-
-# Plug-ins by name: the core stays free of transport and backend imports.
-BACKENDS = {"python": "kernel.backends.python:PythonBackend"}
-HTTP_TRANSPORT = "kernel.transports.http:HttpTransport"
-HTTP_LIMITS = "kernel.transports.http_limits:Http1Limits"
-GRPC_TRANSPORT = "kernel.transports.grpc:GrpcTransport"
-GRPC_OPTIONS = "kernel.transports.grpc:GrpcOptions"
-METRICS_TRANSPORT = "kernel.transports.metrics:MetricsTransport"
-SAGEMAKER_TRANSPORT = "kernel.transports.sagemaker:SageMakerTransport"
-VERTEX_AI_TRANSPORT = "kernel.transports.vertex:VertexAiTransport"
-HEADER_FORWARDER = "kernel.transports.header_forward:HeaderForwarder"
 
 # Where `backend: "<name>"` finds <name>/model.py (a Python-based backend) unless
 # --backend-directory says otherwise.
@@ -387,12 +375,15 @@ def _check_model_control(args) -> str:
     return ""
 
 
-def _load(target: str):
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def build_server(args) -> Server:
+    """The server `kernel serve` flags describe: backends, core, and the transports the flags turn on.
+
+    Transports are imported only when turned on (start-up time); the imports are written out so the
+    arrows from composition to each transport and backend stay visible.
+    """
+    from kernel.backends.python import PythonBackend
+    from kernel.transports.http_limits import Http1Limits
+
     paths = _repository_paths(args)
     for r in paths:
         _check_local(r)
@@ -441,48 +432,57 @@ def build_server(args) -> Server:
         "verbose": args.log_verbose, "info": args.log_info, "warning": args.log_warning,
         "error": args.log_error, "format": args.log_format, "file": args.log_file or "",
     }
-    for name, target in BACKENDS.items():
-        backends[name] = _load(target)(backend_config.get(name, {}), worker_log)
+    backends["python"] = PythonBackend(backend_config.get("python", {}), worker_log)
     server = compose_server(options, backends)
     if args.allow_http:
+        from kernel.transports.header_forward import HeaderForwarder
+        from kernel.transports.http import HttpTransport
+
         server.transports.append(
-            _load(HTTP_TRANSPORT)(server, args.http_address, args.http_port, args.http_max_input_size, args.http_server,
-                                  restricted=http_restricted or None)
+            HttpTransport(server, args.http_address, args.http_port, args.http_max_input_size, args.http_server,
+                          restricted=http_restricted or None)
         )
         if args.http_header_forward_pattern:
             try:
-                server.transports[-1].app.header_forward = _load(HEADER_FORWARDER)(args.http_header_forward_pattern)
+                server.transports[-1].app.header_forward = HeaderForwarder(args.http_header_forward_pattern)
             except ValueError as exc:
                 raise StartupError(str(exc)) from None
     if args.allow_grpc:
+        from kernel.transports.grpc import GrpcOptions, GrpcTransport
+
         try:
-            options = _load(GRPC_OPTIONS).from_args(args)
+            options = GrpcOptions.from_args(args)
         except ValueError as exc:
             raise StartupError(f"invalid gRPC option: {exc}") from None
-        server.transports.append(_load(GRPC_TRANSPORT)(server, args.grpc_address, args.grpc_port, options=options))
+        server.transports.append(GrpcTransport(server, args.grpc_address, args.grpc_port, options=options))
     if args.allow_metrics:
+        from kernel.transports.metrics import MetricsTransport
+
         server.transports.append(
-            _load(METRICS_TRANSPORT)(server, args.metrics_address, args.metrics_port,
-                                     interval_ms=args.metrics_interval_ms, cpu_metrics=args.allow_cpu_metrics,
-                                     gpu_metrics=args.allow_gpu_metrics)
+            MetricsTransport(server, args.metrics_address, args.metrics_port,
+                             interval_ms=args.metrics_interval_ms, cpu_metrics=args.allow_cpu_metrics,
+                             gpu_metrics=args.allow_gpu_metrics)
         )
     if args.allow_sagemaker:
+        from kernel.transports.sagemaker import SageMakerTransport
+
         server.transports.append(
-            _load(SAGEMAKER_TRANSPORT)(server, "0.0.0.0", args.sagemaker_port, args.http_max_input_size,
-                                       restricted=http_restricted or None)
+            SageMakerTransport(server, "0.0.0.0", args.sagemaker_port, args.http_max_input_size,
+                               restricted=http_restricted or None)
         )
     if args.allow_vertex_ai:
+        from kernel.transports.vertex import VertexAiTransport
+
         server.transports.append(
-            _load(VERTEX_AI_TRANSPORT)(server, "0.0.0.0", args.vertex_ai_port, args.http_max_input_size,
-                                       args.vertex_ai_default_model, restricted=http_restricted or None)
+            VertexAiTransport(server, "0.0.0.0", args.vertex_ai_port, args.http_max_input_size,
+                              args.vertex_ai_default_model, restricted=http_restricted or None)
         )
-    limits_class = _load(HTTP_LIMITS)
     try:
-        http_limits = limits_class(args.http_max_header_size, args.http_header_timeout_secs, args.http_body_timeout_secs)
+        http_limits = Http1Limits(args.http_max_header_size, args.http_header_timeout_secs, args.http_body_timeout_secs)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     for t in server.transports:
-        if isinstance(getattr(t, "limits", None), limits_class):  # every HTTP/1.1 listener: KServe, SageMaker, Vertex AI
+        if isinstance(getattr(t, "limits", None), Http1Limits):  # every HTTP/1.1 listener: KServe, SageMaker, Vertex AI
             t.limits = http_limits
     return server
 
