@@ -101,6 +101,8 @@ class Model:
         """Raise KernelError(INVALID_ARG) with Triton's wording if the request does not fit."""
         name = self.name
         specs = self.inputs
+        if len(request.inputs) > len(specs) or len(request.inputs) < len(self.required_inputs):
+            self._count_error(request)  # tritonserver counts before it looks at any name
         seen = 0
         batch_size = None
         for t in request.inputs:
@@ -144,13 +146,13 @@ class Model:
         if request.outputs and self.check_outputs:
             for o in request.outputs:
                 if o.name not in self.outputs:
-                    raise KernelError(ErrorCode.INVALID_ARG, f"unexpected inference output '{o.name}' for model '{name}'")
+                    raise UnknownOutput(f"unexpected inference output '{o.name}' for model '{name}'")
 
     def _shape_error(self, input_name: str, expected, got) -> None:
         raise KernelError(
             ErrorCode.INVALID_ARG,
             f"unexpected shape for input '{input_name}' for model '{self.name}'. "
-            f"Expected {_dims_str(expected)}, got {_dims_str(got)}. ",
+            f"Expected {_dims_str(expected)}, got {_dims_str(got)}. " + (_BATCH_NOTE if self.max_batch_size > 0 else ""),
         )
 
     def _check_byte_size(self, t) -> None:
@@ -182,11 +184,17 @@ class Model:
             raise KernelError(
                 ErrorCode.INVALID_ARG, f"input '{dup}' was specified more than once for model '{self.name}'"
             )
+        if any(n not in names for n in self.required_inputs):
+            self._count_error(request)
+
+    def _count_error(self, request: InferRequest) -> None:
+        """Triton's words for inputs that do not add up. Its list of given inputs is in the order
+        of its std::unordered_map, which for a few names is the reverse of the order sent; with no
+        input missing its list of missing ones reads ']' (sic: tritonserver 2.51)."""
+        names = [t.name for t in request.inputs]
         missing = [n for n in self.required_inputs if n not in names]
-        if not missing:
-            return
-        got = "[" + ",".join(f"'{n}'" for n in names) + "]" if names else "[]"
-        want = "[" + ",".join(f"'{n}'" for n in missing) + "]"
+        got = "[" + ",".join(f"'{n}'" for n in reversed(names)) + "]" if names else "[]"
+        want = "[" + ",".join(f"'{n}'" for n in missing) + "]" if missing else "]"
         if len(self.required_inputs) == len(self.inputs):
             head = f"expected {len(self.inputs)} inputs but got {len(names)} inputs"
         else:
@@ -199,6 +207,21 @@ class Model:
             f"{head} for model '{self.name}'. Got input(s) {got}, but missing required input(s) {want}. "
             "Please provide all required input(s).",
         )
+
+
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+    "prepended to each input shape. If you want to specify the full shape including the batch dim in "
+    "your input dims config, try setting max_batch_size to zero. See the model configuration docs for "
+    "more info on max_batch_size."
+)
+
+
+class UnknownOutput(KernelError):
+    """A requested output the model does not have: Triton says so without the '[request id: ...]' prefix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.INVALID_ARG, message)
 
 
 def _enum_name(cfg, field: str, value: int) -> str:

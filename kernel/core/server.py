@@ -20,7 +20,7 @@ from kernel import __version__
 from kernel.core.backend import Backend, ModelControlHandle
 from kernel.core.cache import create_cache
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.core.model import Model, ModelState
+from kernel.core.model import Model, ModelState, UnknownOutput
 from kernel.core.registry import ModelRegistry
 from kernel.core.request import InferRequest
 from kernel.core.shared_memory import SharedMemoryManager, route_through_windows
@@ -151,6 +151,8 @@ class Server:
         model = self.registry.get(request.model_name, request.model_version)
         try:
             model.validate(request)
+        except UnknownOutput:
+            raise  # the one validation error Triton does not tag with the request id
         except KernelError as exc:
             # Triton tags request-validation errors with the request id.
             exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"

@@ -87,7 +87,36 @@ def test_extra_input(http_client):
     with pytest.raises(InferenceServerException) as info:
         http_client.infer("add_sub", fp32_inputs(INPUT0=np.ones(4), INPUT1=np.ones(4), INPUT9=np.ones(4)))
     assert info.value.status() == "400"
-    assert "unexpected inference input 'INPUT9' for model 'add_sub'" in info.value.message()
+    # tritonserver counts inputs before it reads their names; its list is its hash map's order
+    # (here the reverse of the order sent) and its list of missing inputs reads "]" when none is
+    assert info.value.message() == (
+        "[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'add_sub'. Got input(s) "
+        "['INPUT9','INPUT1','INPUT0'], but missing required input(s) ]. Please provide all required input(s).")
+
+
+def test_unknown_input_with_the_right_count(http_client):
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("add_sub", fp32_inputs(INPUT0=np.ones(4), INPUT9=np.ones(4)))
+    assert info.value.message() == "[request id: <id_unknown>] unexpected inference input 'INPUT9' for model 'add_sub'"
+
+
+def test_unknown_output_has_no_request_id_prefix(http_client):
+    a = np.ones(4)
+    with pytest.raises(InferenceServerException) as info:
+        http_client.infer("add_sub", fp32_inputs(INPUT0=a, INPUT1=a), outputs=[httpclient.InferRequestedOutput("NOPE")])
+    assert info.value.status() == "400"
+    assert info.value.message() == "unexpected inference output 'NOPE' for model 'add_sub'"
+
+
+def test_shape_error_of_a_batching_model_has_tritons_note(server):
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "BYTES", "shape": [2], "data": ["a", "bc"]}]}).encode()
+    status, doc = post(server, "/v2/models/string_identity/infer", body)
+    assert status == 400
+    assert doc["error"].endswith(
+        "Expected [-1,-1], got [2]. NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+        "dimension to be prepended to each input shape. If you want to specify the full shape including the batch "
+        "dim in your input dims config, try setting max_batch_size to zero. See the model configuration docs for "
+        "more info on max_batch_size.")
 
 
 def test_wrong_datatype(http_client):

@@ -117,7 +117,7 @@ def test_invocations_binary_tensor_data(shared):
         (b"xyz", {}, 500, "failed to parse the request JSON buffer: Invalid value. at 0"),
         (b"not json", {}, 500, "failed to parse the request JSON buffer: Invalid value. at 1"),
         (json.dumps({"inputs": [{"name": "NOPE", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode(),
-         {}, 400, "unexpected inference input 'NOPE'"),
+         {}, 400, "expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['NOPE']"),
         (b"{}", {"Content-Type": f"{MIME}abc"}, 400, "Unable to parse inference header size"),
         (b"{}", {"Content-Type": f"{MIME}999"}, 400, "inference header size should be in range"),
         (b"{}", {"Content-Type": f"text/plain; {MIME}2"}, 400, "expect MIME type for binary data starts with"),
