@@ -177,7 +177,7 @@ class WorkerInstance(BackendInstance):
             self._exited.set_result(code)
         if self.process is not process:
             return
-        self._fail_pending(f"Stub process '{self.name}' is not healthy.")
+        self._fail_pending(f"Stub process '{self.name}' is not healthy.", framed=False)  # Triton's words, alone
         if not self._stopping:
             log.error("Stub process '%s' is not healthy: it exited unexpectedly with code %s", self.name, code)
             if self.on_unexpected_exit is not None:
@@ -562,7 +562,7 @@ class WorkerInstance(BackendInstance):
     def _on_lost(self, exc) -> None:
         self.healthy = False
 
-    def _fail_pending(self, message: str) -> None:
+    def _fail_pending(self, message: str, framed: bool = True) -> None:
         calls, self._bls_calls = self._bls_calls, {}
         for request in calls.values():
             request.cancel()
@@ -573,7 +573,7 @@ class WorkerInstance(BackendInstance):
             self._end_traces(traces)
         error = KernelError(
             ErrorCode.INTERNAL,
-            f"Failed to process the request(s) for model instance '{self.name}', message: {message}",
+            f"Failed to process the request(s) for model '{self.name}', message: {message}" if framed else message,
         )
         stats = self.stats
         for request in pending.values():

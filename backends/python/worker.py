@@ -190,7 +190,7 @@ class Worker:
             if not hasattr(self.model, "execute"):
                 raise AttributeError("TritonPythonModel has no 'execute' method")
         except BaseException as exc:  # noqa: BLE001 - any failure is reported to the front
-            message = f"Failed to initialize Python stub: {format_exception(exc)}"
+            message = f"Internal: {format_exception(exc)}"  # tritonserver: the status code's name, then the error
             log.error("%s", message)
             self.channel.send(messages.Ready(message))
             return
@@ -414,11 +414,15 @@ class Worker:
         self._finish(keys, result, exc)
         self._report_execution(keys, result, exc)
 
+    def _failed_prefix(self) -> str:
+        """How the Python backend frames an error from a model's execute (Triton's words)."""
+        return f"Failed to process the request(s) for model '{self.instance_name}', message: "
+
     def _finish(self, keys, result, exc) -> None:
         sinks = [self.sinks[k] for k in keys if k in self.sinks]
         if exc is not None:
             message = (
-                f"Failed to process the request(s) for model instance '{self.instance_name}', "
+                f"Failed to process the request(s) for model '{self.instance_name}', "
                 f"message: {format_exception(exc)}"
             )
             log.error("%s", message)
@@ -436,12 +440,12 @@ class Worker:
             )
             return
         if not isinstance(result, list):
-            self._fail_open(sinks, f"Expected a list in the execute return, found type '{type(result)}'.")
+            self._fail_open(sinks, f"{self._failed_prefix()}Expected a list in the execute return, found type '{type(result)}'.")
             return
         if len(result) != len(keys):
             self._fail_open(
                 sinks,
-                "Number of InferenceResponse objects do not match the number of InferenceRequest "
+                f"{self._failed_prefix()}Number of InferenceResponse objects do not match the number of InferenceRequest "
                 f"objects. InferenceRequest(s) size is:{len(keys)}, and InferenceResponse(s) size is:{len(result)}\n",
             )
             return

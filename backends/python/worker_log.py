@@ -28,8 +28,13 @@ def format_exception(exc: BaseException) -> str:
     Only the model's frames are listed, as in Triton (whose pb_utils is compiled code):
     Kernel's own frames say nothing to the model's author.
     """
-    tb = [frame for frame in traceback.extract_tb(exc.__traceback__) if not frame.filename.startswith(_OWN_CODE)]
-    tb = tb or traceback.extract_tb(exc.__traceback__)
+    # importlib's frames are left out as an import statement leaves them out (a model.py that does
+    # not compile is its SyntaxError alone, as in tritonserver)
+    every = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in every if not f.filename.startswith("<frozen importlib")]
+    tb = [frame for frame in frames if not frame.filename.startswith(_OWN_CODE)]
+    if not tb and len(frames) == len(every):  # raised by Kernel itself for the model: say where
+        tb = frames
     where = "".join(f"  {frame.filename}({frame.lineno}): {frame.name}\n" for frame in reversed(tb))
     text = f"{type(exc).__name__}: {exc}"
     return f"{text}\n\nAt:\n{where}" if where else text

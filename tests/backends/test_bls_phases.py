@@ -20,7 +20,7 @@ def test_bls_from_initialize_fails_the_load(start_kernel, tmp_path):
     k = start_kernel([tmp_path], "--exit-on-error", "false")
     assert k.wait_for_log("failed to load 'bls_in_initialize'", timeout=60), k.log()
     log = k.log()
-    assert f"failed to load 'bls_in_initialize' version 1: Failed to initialize Python stub: {REFUSED}" in log
+    assert f"failed to load 'bls_in_initialize' version 1: Internal: {REFUSED}" in log
     # The model's own frames, as Triton's stub prints them.
     assert "/bls_in_initialize/1/model.py(14): _call\n" in log
     assert "/bls_in_initialize/1/model.py(19): initialize\n\n" in log

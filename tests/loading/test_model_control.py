@@ -77,13 +77,22 @@ def test_explicit_mode_loads_only_what_is_asked(tmp_path, start_kernel):
     with pytest.raises(InferenceServerException) as err:
         client.load_model("init_fails")
     assert err.value.status() == "400"
-    assert err.value.message().startswith("load failed for model 'init_fails': version 1 is at UNAVAILABLE state: ")
+    assert err.value.message().startswith("load failed for model 'init_fails': version 1 is at UNAVAILABLE state: "
+                                          "Internal: RuntimeError: initialize refused to start\n\nAt:\n  ")  # Triton's framing
     state, reason = states(k.url)[("init_fails", "1")]
     assert state == "UNAVAILABLE" and reason in err.value.message()
     assert not client.is_server_ready()
     client.unload_model("init_fails")
     assert client.is_server_ready()
     assert states(k.url)[("init_fails", "1")] == ("UNAVAILABLE", "unloaded")
+    # A model.py that does not compile: its SyntaxError alone, no importlib frames (as tritonserver 2.51)
+    shutil.copytree(TEST_MODELS / "bad" / "syntax_error", repo / "syntax_error")
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("syntax_error")
+    message = err.value.message()
+    assert message.startswith("load failed for model 'syntax_error': version 1 is at UNAVAILABLE state: "
+                              "Internal: SyntaxError: "), message
+    assert message.endswith("(model.py, line 2);\n") and "At:" not in message, message
     client.close()
 
 
