@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from kernel import __version__
 from kernel.core.backend import Backend, ModelControlHandle
+from kernel.core import classification
 from kernel.core.cache import create_cache
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.model import Model, ModelState, UnknownOutput
@@ -158,6 +159,10 @@ class Server:
             exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"
             exc.args = (exc.message,)
             raise
+        if request.outputs:
+            counts = classification.requested(request)
+            if counts and request.on_response is not None:
+                classification.wrap(request, model, counts)  # the top classes instead of the values
         request.arrival_ns = _now_ns()
         if request.trace is not None:
             request.trace.on_submit(request, model, request.arrival_ns)

@@ -115,10 +115,9 @@ def test_parse_requested_outputs():
     o.parameters["binary_data"].bool_param = True
     request, _ = codec.parse_infer_request(msg)
     assert [(r.name, r.parameters) for r in request.outputs] == [("OUT", {"binary_data": True})]
-    o.parameters["classification"].int64_param = 2
-    with pytest.raises(KernelError) as info:
-        codec.parse_infer_request(msg)
-    assert info.value.code is ErrorCode.UNSUPPORTED
+    o.parameters["classification"].int64_param = 2  # the classification extension (kernel/core/classification.py)
+    request, _ = codec.parse_infer_request(msg)
+    assert request.outputs[0].parameters == {"binary_data": True, "classification": 2}
 
 
 @pytest.mark.parametrize(

@@ -310,11 +310,6 @@ def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None) -> tuple
                     if "classification" in o.parameters:
                         raise _bad("output can't set both 'shared_memory_region' and 'classification'")
                     windows.outputs[o.name] = window
-                if "classification" in o.parameters:
-                    raise KernelError(
-                        ErrorCode.UNSUPPORTED,
-                        f"the 'classification' parameter of output '{o.name}' is not supported by Kernel yet",
-                    )
                 oparams = {k: _param_value(k, v) for k, v in o.parameters.items()}
             outputs.append(RequestedOutput(o.name, oparams))
     request = InferRequest(model_name, msg.model_version, msg.id, tensors, outputs)
