@@ -153,6 +153,17 @@ def dev_shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
+# Made by real tritonserver's Python backend, which other work on a shared box runs: never Kernel's
+# (Kernel's worker arenas are memfds and leave nothing in /dev/shm).
+FOREIGN_SHM_PREFIXES = ("triton_python_backend_shm_region_",)
+
+
+def split_residue(names: list[str]) -> tuple[list[str], list[str]]:
+    """(entries that could be this server's, entries other programs made) among new /dev/shm names."""
+    foreign = [n for n in names if n.startswith(FOREIGN_SHM_PREFIXES)]
+    return [n for n in names if n not in foreign], foreign
+
+
 # --------------------------------------------------------------------------- load loops
 
 
@@ -444,7 +455,10 @@ def write_report(out: Path, doc: dict) -> None:
     L += ["", f"Worker kills: {doc['kills']}. Server deaths: {doc['server_deaths']}. "
               f"Models answering at the end: {doc['still_serving']}.",
           f"Stop: exit code {doc['exit_code']} after {doc['stop_s']} s (--exit-timeout-secs {doc['exit_timeout']}).",
-          f"/dev/shm: {doc['dev_shm_new_after_exit']} new entries after exit.", "",
+          f"/dev/shm: {len(doc['dev_shm_new_after_exit'])} new entries after exit"
+          + (f" ({', '.join(doc['dev_shm_new_after_exit'])})" if doc["dev_shm_new_after_exit"] else "")
+          + (f"; not counted, made by other programs on the box: {', '.join(doc['dev_shm_foreign'])}"
+             if doc.get("dev_shm_foreign") else "") + ".", "",
           "Front process over time:", "", "| t (s) | RSS (MB) | memfd segments | workers | /dev/shm entries | sent |",
           "|---:|---:|---:|---:|---:|---:|"]
     step = max(1, len(s) // 20)
@@ -463,7 +477,15 @@ def main() -> int:
     p.add_argument("--kill-every", type=float, default=30.0, help="seconds between worker kills")
     p.add_argument("--exit-timeout", type=int, default=10)
     p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument("--render", type=Path, metavar="SOAK_JSON", help="only rewrite soak.md from an earlier soak.json")
     args = p.parse_args()
+    if args.render:
+        doc = json.loads(args.render.read_text())
+        if "dev_shm_foreign" not in doc:
+            doc["dev_shm_new_after_exit"], doc["dev_shm_foreign"] = split_residue(doc["dev_shm_new_after_exit"])
+        write_report(args.out, doc)
+        print((args.out / "soak.md").read_text())
+        return 0
 
     tmp = Path(tempfile.mkdtemp(prefix="kernel-soak-"))
     repo = make_repo(tmp)
@@ -499,7 +521,7 @@ def main() -> int:
             code = server.wait()
         stop_s = round(time.monotonic() - start, 1)
         time.sleep(0.5)
-        new_shm = sorted(dev_shm() - shm_before)
+        new_shm, foreign_shm = split_residue(sorted(dev_shm() - shm_before))
         L = soak.ledger
         doc = {
             "seconds": args.seconds, "command": " ".join(["benchmarks/soak.py", *sys.argv[1:]]),
@@ -509,6 +531,7 @@ def main() -> int:
                       for (s, k), n in sorted(L.kinds.items()) if n],
             "kills": soak.kills, "server_deaths": deaths, "still_serving": serving, "exit_code": code,
             "stop_s": stop_s, "exit_timeout": args.exit_timeout, "dev_shm_new_after_exit": new_shm,
+            "dev_shm_foreign": foreign_shm,
             "samples": soak.samples,
         }
         write_report(args.out, doc)
