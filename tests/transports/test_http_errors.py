@@ -298,3 +298,27 @@ def test_decoupled_model_over_http_infer_is_501(server, http_client):
     status, doc = post(server, "/v2/models/repeat_int32/infer", body)
     assert (status, doc) == (501, {"error": "HTTP end point doesn't support models with decoupled transaction policy"})
     assert_still_serving(http_client)
+
+
+def test_raw_binary_body_is_the_only_inputs_data(server, http_client):
+    """Inference-Header-Content-Length: 0: no JSON, the body is the data of the model's one input
+    (tritonserver's raw request; shape from the config, the -1 dimension from the body's size)."""
+    raw = np.array([1.5, 2.5, 3.5], np.float32).tobytes()
+    conn = http.client.HTTPConnection("localhost", server.http_port, timeout=30)
+    try:
+        conn.request("POST", "/v2/models/crasher/infer", body=raw,
+                     headers={"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"})
+        resp = conn.getresponse()
+        doc = json.loads(resp.read())
+    finally:
+        conn.close()
+    assert resp.status == 200, doc
+    assert doc["outputs"][0]["shape"] == [3] and doc["outputs"][0]["data"] == [1.5, 2.5, 3.5]
+    # a model with two inputs cannot take it (Triton's words)
+    status, doc = post(server, "/v2/models/add_sub/infer", raw, {"Inference-Header-Content-Length": "0"})
+    assert (status, doc) == (400, {"error": "[request id: <id_unknown>] Raw request must only have 1 input (found 1) "
+                                            "to be deduced but got 2 inputs in 'add_sub' model configuration"})
+    status, doc = post(server, "/v2/models/string_identity/infer", b"text", {"Inference-Header-Content-Length": "0"})
+    assert (status, doc) == (400, {"error": "[request id: <id_unknown>] For BYTE datatype raw input 'INPUT0', the "
+                                            "model must have input shape [1]"})
+    assert_still_serving(http_client)

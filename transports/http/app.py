@@ -184,12 +184,16 @@ class HttpApp:
             trace.stamp("HTTP_RECV_END")
         if encoding and encoding != "identity":
             body = self._decompress(body, encoding)
-        if self.server.registry.get(name, version).decoupled:  # tritonserver: 501, before the body is parsed
+        model = self.server.registry.get(name, version)
+        if model.decoupled:  # tritonserver: 501, before the body is parsed
             raise KernelError(ErrorCode.UNSUPPORTED,
                               "HTTP end point doesn't support models with decoupled transaction policy")
-        request, binary_default, binary_choice = codec.parse_infer_request(
-            body, header_length, name, version, self.server.shared_memory
-        )
+        if header_length == 0:  # no JSON at all: the body is the one input's data (tritonserver's raw request)
+            request, binary_default, binary_choice = codec.raw_infer_request(body, model, name, version), False, {}
+        else:
+            request, binary_default, binary_choice = codec.parse_infer_request(
+                body, header_length, name, version, self.server.shared_memory
+            )
         if self.header_forward is not None:
             self.header_forward.apply(request, scope["headers"])
         request.trace = trace

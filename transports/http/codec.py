@@ -227,6 +227,40 @@ def parse_infer_request(
     return request, binary_default, binary_choice
 
 
+def raw_infer_request(body: bytes, model, model_name: str, model_version: str) -> InferRequest:
+    """A request whose body is raw tensor data (Inference-Header-Content-Length: 0), as tritonserver
+    takes it: the data of the model's only input, its datatype from the config and its shape
+    deduced from the config's dims (batch 1 for a batching model; one -1 dimension from the size)."""
+    inputs = model.config.input
+    if len(inputs) != 1:
+        raise _bad(f"[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but "
+                   f"got {len(inputs)} inputs in '{model_name}' model configuration")
+    spec = model.inputs[inputs[0].name]
+    shape = [1] if model.max_batch_size != 0 else []
+    dynamic = -1
+    count = 1
+    for d in spec.dims:
+        if d == -1:
+            if dynamic != -1:
+                raise _bad(f"[request id: <id_unknown>] The shape of the raw input '{spec.name}' can not be "
+                           "deduced because there are more than one variable-sized dimension")
+            dynamic = len(shape)
+        else:
+            count *= d
+        shape.append(d)
+    if spec.datatype == "BYTES":
+        if dynamic != -1 or count != 1:
+            raise _bad(f"[request id: <id_unknown>] For BYTE datatype raw input '{spec.name}', the model must "
+                       "have input shape [1]")
+        raw = len(body).to_bytes(4, "little") + body  # one element, length-prefixed as BYTES travels
+    else:
+        raw = body
+        if dynamic != -1:
+            size = datatypes.ELEMENT_SIZE.get(spec.datatype, 1)
+            shape[dynamic] = len(body) // count // size if count and size else 0
+    return InferRequest(model_name, model_version, "", [InferTensor(spec.name, spec.datatype, shape, raw=raw)], None)
+
+
 # ---- shared-memory extension: tensors in client regions (kernel/core/shared_memory.py)
 
 # The per-output choice for an output that goes into a client region, not the body.
