@@ -129,6 +129,12 @@ def test_wrong_datatype(http_client):
     assert "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'" in info.value.message()
 
 
+def test_unknown_datatype_name(server):
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FLOAT", "data": [1, 2, 3, 4]},
+                                  {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode()
+    assert post(server, "/v2/models/add_sub/infer", body) == (400, {"error": "invalid datatype for input INPUT0"})
+
+
 def test_wrong_shape(http_client):
     with pytest.raises(InferenceServerException) as info:
         http_client.infer("add_sub", fp32_inputs(INPUT0=np.ones(5), INPUT1=np.ones(5)))
@@ -165,7 +171,7 @@ def test_binary_section_longer_than_declared(server):
     body, headers = _binary_request(16, b"\0" * 20)
     status, doc = post(server, "/v2/models/dtype_echo/infer", body, headers)
     assert status == 400
-    assert "4 bytes of binary data" in doc["error"]
+    assert doc["error"] == "unexpected additional input data for model 'dtype_echo'"  # tritonserver's words
 
 
 def test_binary_size_not_matching_shape(server):

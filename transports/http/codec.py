@@ -83,7 +83,7 @@ _UNSIGNED = frozenset(("UINT8", "UINT16", "UINT32", "UINT64"))
 def _json_tensor(inp: InputJSON) -> InferTensor:
     datatype = inp.datatype
     if datatype not in datatypes.DATATYPES:
-        raise _bad(f"invalid datatype '{datatype}' for input '{inp.name}'")
+        raise _bad(f"invalid datatype for input {inp.name}")  # tritonserver's words
     if any(d < 0 for d in inp.shape):
         raise _bad(f"invalid shape {inp.shape} for input '{inp.name}': dimensions must be >= 0")
     data = inp.data
@@ -195,7 +195,7 @@ def parse_infer_request(
         if inp.data is not msgspec.UNSET:
             raise _bad(f"input '{inp.name}' has both 'data' and binary data")
         if inp.datatype not in datatypes.DATATYPES:
-            raise _bad(f"invalid datatype '{inp.datatype}' for input '{inp.name}'")
+            raise _bad(f"invalid datatype for input {inp.name}")
         if offset + size > len(binary):
             raise _bad(
                 f"unexpected size for input '{inp.name}', expecting {size} bytes of binary data "
@@ -203,11 +203,8 @@ def parse_infer_request(
             )
         tensors.append(InferTensor(inp.name, inp.datatype, inp.shape, raw=binary[offset : offset + size]))
         offset += size
-    if offset != len(binary):
-        raise _bad(
-            f"unexpected additional input data: the request body has {len(binary) - offset} bytes "
-            "of binary data that no input claims"
-        )
+    if offset != len(binary):  # binary data that no input claims (tritonserver's words)
+        raise _bad(f"unexpected additional input data for model '{model_name}'")
     outputs = None
     binary_choice: dict[str, object] = {}
     if req.outputs is not None:
@@ -278,7 +275,7 @@ def _shm_input(
             f"'shared_memory_region' in 'parameters'. But set{given} 'shared_memory_region'"
         )
     if inp.datatype not in datatypes.DATATYPES:
-        raise _bad(f"invalid datatype '{inp.datatype}' for input '{inp.name}'")
+        raise _bad(f"invalid datatype for input {inp.name}")
     region, offset, byte_size = _shm_parameters(inp.name, inp.parameters)
     window = windows.hold(_regions(shm).view(region, offset, byte_size))
     return InferTensor(inp.name, inp.datatype, inp.shape, raw=window)
