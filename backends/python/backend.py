@@ -92,8 +92,7 @@ class PythonBackend(Backend):
         if "error" in result or "config" not in result:
             raise KernelError(
                 ErrorCode.INTERNAL,
-                "Failed to initialize Python stub for auto-complete: "
-                + result.get("error", f"exited with code {proc.returncode}"),
+                "Internal: " + result.get("error", f"exited with code {proc.returncode}"),  # Triton's framing
             )
         return result["config"]
 

@@ -36,7 +36,7 @@ from kernel.config import pbtxt as config_pbtxt
 from kernel.loading import repository
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.model import Model, ModelState
-from kernel.loading.loader import ModelLoader
+from kernel.loading.loader import ModelLoader, VersionLoadFailed
 from kernel.loading.names import parse_version, printable, validate_model_name
 from kernel.loading.files import (
     Fingerprint,
@@ -376,6 +376,14 @@ class ModelControl:
         except Exception as exc:  # noqa: BLE001 - reported to the caller, the old versions keep serving
             reason = exc.message if isinstance(exc, KernelError) else f"{type(exc).__name__}: {exc}"
             self._failed(name, entry, live, fp, md, explicit)
+            if isinstance(exc, VersionLoadFailed):  # Triton's framing: the version's failure
+                entry.unavailable[exc.version] = reason
+                if not live:
+                    entry.state = ModelState.UNAVAILABLE
+                    entry.reason = reason
+                log.error("failed to load '%s' version %d: %s", name, exc.version, reason)
+                raise KernelError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': version {exc.version} "
+                                  f"is at UNAVAILABLE state: {reason};\n") from None
             if not live:
                 entry.state = ModelState.UNAVAILABLE
                 entry.reason = reason

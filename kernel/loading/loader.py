@@ -35,6 +35,14 @@ log = logging.getLogger("kernel.core.server")
 WARMUP_FAILED_STOP_S = 5.0
 
 
+class VersionLoadFailed(KernelError):
+    """A failure before the versions load that tritonserver reports as one version's (auto-complete)."""
+
+    def __init__(self, version: int, message: str) -> None:
+        super().__init__(ErrorCode.INTERNAL, message)
+        self.version = version
+
+
 class ModelLoader:
     """Loads model folders into a server's registry (see the module docstring)."""
 
@@ -48,6 +56,9 @@ class ModelLoader:
         try:
             cfg = await self.complete_config(md, config)
             versions = repository.select_versions(cfg, sorted(md.versions))
+        except VersionLoadFailed as exc:
+            self._load_failed(entry, exc.version, exc.message)
+            return
         except KernelError as exc:
             self._load_failed(entry, None, exc.message)
             return
@@ -79,7 +90,10 @@ class ModelLoader:
         ):
             latest = max(md.versions) if md.versions else None
             if latest is not None and _defines_auto_complete(backend.model_file(md.versions[latest], cfg)):
-                completed = await backend.auto_complete(self._source(md, cfg, latest))
+                try:
+                    completed = await backend.auto_complete(self._source(md, cfg, latest))
+                except KernelError as exc:  # Triton runs auto_complete_config as the version's: its failure
+                    raise VersionLoadFailed(latest, exc.message) from None
                 if completed is not None:
                     config_pbtxt.apply_autocomplete(cfg, config_pbtxt.config_from_dict(completed))
                     config_pbtxt.normalize_config(cfg, md.name, model_path=md.path, gpus=gpus)

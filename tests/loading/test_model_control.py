@@ -93,6 +93,20 @@ def test_explicit_mode_loads_only_what_is_asked(tmp_path, start_kernel):
     assert message.startswith("load failed for model 'syntax_error': version 1 is at UNAVAILABLE state: "
                               "Internal: SyntaxError: "), message
     assert message.endswith("(model.py, line 2);\n") and "At:" not in message, message
+    # auto_complete_config raising: tritonserver reports it as the version's failure
+    (repo / "autocomplete_fails" / "1").mkdir(parents=True)
+    (repo / "autocomplete_fails" / "config.pbtxt").write_text('backend: "python"\n')
+    (repo / "autocomplete_fails" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    @staticmethod\n    def auto_complete_config(c):\n"
+        "        raise ValueError('auto-complete refused')\n\n    def execute(self, requests):\n        return []\n")
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("autocomplete_fails")
+    message = err.value.message()
+    assert message.startswith("load failed for model 'autocomplete_fails': version 1 is at UNAVAILABLE state: "
+                              "Internal: ValueError: auto-complete refused\n\nAt:\n  "), message
+    assert message.endswith("(4): auto_complete_config\n;\n"), message
+    state, reason = states(k.url)[("autocomplete_fails", "1")]
+    assert state == "UNAVAILABLE" and reason.startswith("Internal: ValueError: auto-complete refused\n")
     client.close()
 
 
