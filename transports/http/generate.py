@@ -154,11 +154,13 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
     finally:
         responses.close()
     if len(chunks) != 1:
+        # tritonserver 2.51's words; its status is 200 (the error only in the body), Kernel's 500:
+        # a failed request must not read as a success (peer_checks/differences.py, generate-decoupled)
         await send_error(
             send,
             500,
             "generate expects model to produce exactly 1 response, use generate stream for model "
-            f"that generates various number of responses (got {len(chunks)})",
+            "that generates various number of responses",
         )
         return
     response = chunks[0]
