@@ -83,7 +83,8 @@ def outcomes(batch: Batch, result, exc, decoupled: bool) -> list:
         if request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
             out.append(None if response is None else False)
         else:
-            # None: answered through the response sender (see Worker._finish).
-            out.append(response is None
-                       or (isinstance(response, pb_utils.InferenceResponse) and not response.has_error()))
+            # None: answered through the response sender (see Worker._finish). A response that
+            # carries the model's error counts as a success, as tritonserver 2.51 counts it: the
+            # execution succeeded (peer_checks: grpc-statistics-all, error_response).
+            out.append(response is None or isinstance(response, pb_utils.InferenceResponse))
     return out

@@ -112,7 +112,7 @@ def test_metric_names_are_tritons_exactly(kernel):
 
 def test_failures_are_counted_by_reason(kernel, client):
     t = httpclient.InferInput("INPUT0", [1, 4], "FP32")
-    t.set_data_from_numpy(np.full((1, 4), -1.0, np.float32))
+    t.set_data_from_numpy(np.full((1, 4), np.nan, np.float32))  # execute raises: a BACKEND failure
     with pytest.raises(InferenceServerException):
         client.infer("stats_error", [t])
     futures = [client.async_infer("metrics_timeout", [*_batched_inputs()]) for _ in range(3)]
