@@ -202,6 +202,9 @@ class ModelControl:
     async def index(self, ready_only: bool = False) -> list[dict]:
         """The repository index: every model folder of every repository, with its versions' states."""
         names, duplicates = await asyncio.to_thread(repository.folder_names, self.server.options.model_repositories)
+        # and the models loaded from a folder of their own (SageMaker multi-model endpoints): tritonserver
+        # registers that folder as a repository, so its index lists them too
+        names = names | {n for n in self.loader.from_path if n in self.server.registry.entries}
         out: list[dict] = []
         for name in sorted(names | duplicates):
             if name in duplicates:

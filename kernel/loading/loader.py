@@ -48,6 +48,7 @@ class ModelLoader:
 
     def __init__(self, server: "Server"):
         self.server = server
+        self.from_path: set[str] = set()  # names load_from_path serves (listed in the repository index)
 
     async def load(self, md: repository.ModelDir, config=None) -> None:
         """Load every version of a model that is not loaded; `config` overrides its config file."""
@@ -234,6 +235,7 @@ class ModelLoader:
                 if self.server.registry.entries.get(name) is entry:
                     del self.server.registry.entries[name]
             raise KernelError(ErrorCode.INVALID_ARG, f"failed to load '{name}': {reason}")
+        self.from_path.add(name)
 
     async def unload_from_path(self, name: str) -> None:
         """Stop serving `name`: refuse new requests, let in-flight ones finish, stop its instances."""
@@ -245,6 +247,7 @@ class ModelLoader:
         if entry.state is ModelState.UNLOADING:
             raise KernelError(ErrorCode.UNAVAILABLE, f"failed to unload '{name}': model is already unloading")
         entry.state = ModelState.UNLOADING
+        self.from_path.discard(name)
         await self.server.retire_models(list(entry.versions.values()))
         if self.server.registry.entries.get(name) is entry:
             del self.server.registry.entries[name]

@@ -280,6 +280,9 @@ def test_multi_model_load_invoke_unload(start_kernel, tmp_path):
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == ["MME"]
     # the loaded models are ordinary models of the server
     assert httpx.get(f"http://{k.url}/v2/models/echo.tar.gz/ready").status_code == 200
+    # and listed in the repository index, as tritonserver lists them (it registers their folders as repositories)
+    assert httpx.post(f"http://{k.url}/v2/repository/index").json() == [
+        {"name": "echo.tar.gz", "version": "1", "state": "READY"}, {"name": "hash1", "version": "1", "state": "READY"}]
 
     # loading the same name twice: 409
     r = c.post("/models", json={"model_name": "hash1", "url": str(add_sub_url)})
@@ -301,6 +304,7 @@ def test_multi_model_load_invoke_unload(start_kernel, tmp_path):
     assert httpx.get(f"http://{k.url}/v2/models/hash1/ready").status_code == 400
     assert c.delete("/models/hash1").status_code == 404
     assert [m["modelName"] for m in c.get("/models").json()["models"]] == ["echo"]
+    assert [m["name"] for m in httpx.post(f"http://{k.url}/v2/repository/index").json()] == ["echo.tar.gz"]
     # and it can be loaded again
     assert c.post("/models", json={"model_name": "hash1", "url": str(add_sub_url)}).status_code == 200
     assert c.post("/models/hash1/invoke", json=ADD_SUB_JSON).status_code == 200
