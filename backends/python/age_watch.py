@@ -27,6 +27,7 @@ class AgeWatch:
         self.period_s = max(0.25, threshold_s / 4)
         self._pending = pending  # key -> InferRequest, the instance's current table
         self._warned: set[int] = set()
+        self._progress: dict[int, int] = {}  # key -> when its latest non-final response came (a stream moving on)
         self._timer: Optional[asyncio.TimerHandle] = None
 
     def watch(self) -> None:
@@ -38,27 +39,35 @@ class AgeWatch:
                 return
             self._timer = loop.call_later(self.period_s, self._check)
 
+    def progressed(self, key: int) -> None:
+        """A request sent a non-final response: it is not stuck, whatever its age (a long decoupled stream)."""
+        self._progress[key] = time.monotonic_ns()
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._warned.clear()
+        self._progress.clear()
 
     def _check(self) -> None:
         self._timer = None
         pending = self._pending()
         now = time.monotonic_ns()
+        progress = self._progress
         for key, request in pending.items():
-            arrival = request.arrival_ns
+            arrival = max(request.arrival_ns, progress.get(key, 0)) if progress else request.arrival_ns
             if arrival and now - arrival > self.threshold_ns and key not in self._warned:
                 self._warned.add(key)
                 log.warning(
-                    "request '%s' on model instance '%s' has waited %.0f s for its response: execute() may be "
+                    "request '%s' on model instance '%s' has waited %.0f s for a response: execute() may be "
                     "hung, or returned without answering it (a non-decoupled execute() that returns None must "
                     "answer through the request's response sender). It stays pending until the model answers or "
                     "the client cancels it.",
                     request.id or "<id_unknown>", self.instance_name, (now - arrival) / 1e9,
                 )
         self._warned.intersection_update(pending.keys())
+        for key in [k for k in progress if k not in pending]:
+            del progress[key]
         if pending:
             self.watch()

@@ -393,6 +393,8 @@ class WorkerInstance(BackendInstance):
                 del self._pending[r.key]
                 for seg, off in self._input_regions.pop(r.key, ()):
                     self._arena.free(seg, off)
+            else:
+                self._ages.progressed(r.key)
             if r.reschedule:
                 self._reschedule(request)
                 continue

@@ -42,3 +42,11 @@ def test_an_unanswered_request_is_logged_with_its_age_and_the_client_can_give_up
     assert_serving(server)
     # The model's own readiness is unaffected; its statistics still answer.
     assert httpx.get(f"http://{server.url}/v2/models/{model}/stats", timeout=10).status_code == 200
+
+
+def test_a_long_stream_that_keeps_answering_is_not_reported(server):
+    """A decoupled request older than the threshold is fine while its responses keep coming."""
+    body = {"IN": [1, 2, 3, 4, 5], "DELAY": [600] * 5, "id": "long-stream"}  # 3 s in all, 0.6 s apart
+    r = httpx.post(f"http://{server.url}/v2/models/repeat_int32/generate_stream", json=body, timeout=30)
+    assert r.status_code == 200 and r.text.count("data:") == 5, r.text
+    assert "request 'long-stream'" not in server.log()
