@@ -21,6 +21,16 @@ _SHM_CLIENT_ERRORS = (
     "(Triton: 500 / INTERNAL); decided in issue 14 items 3 and 12 (commit 506c4fe)"
 )
 
+_INFER_CLIENT_ERRORS = (
+    "an infer request the client got wrong is 400 naming the problem (Triton 2.51: 500 for the type and "
+    "shape errors its JSON parser finds); decided in issue 14 item 12"
+)
+_CRASHER_UNLOADING = (
+    "Triton 2.51 never finishes unloading a model whose stub died earlier: crasher reads UNLOADING in "
+    "every later index of the run; Kernel's unload completes (UNAVAILABLE, 'unloaded'). The other rows "
+    "are the same"
+)
+
 _MME_INVOKE = (
     "POST /models/<name>/invoke without an X-Amzn-SageMaker-Target-Model header: Kernel serves the model "
     "loaded as <name> (whatever target name it was registered under); Triton 2.51 looks up <name> itself "
@@ -63,6 +73,27 @@ DIFFERENCES: dict[str, str] = {
     "sagemaker-invocations-response-stream":
         "Triton 2.51 has no /invocations-response-stream route (400, no body); Kernel serves SageMaker's "
         "response-streaming contract there (server-sent events), as later Triton releases do",
+    "infer-too-few-elements": _INFER_CLIENT_ERRORS + " (Kernel's words name the input and both counts; "
+                              "Triton: 'Shape does not match true shape of 'data' field')",
+    "infer-data-not-numbers": _INFER_CLIENT_ERRORS + " (the words are Triton's)",
+    "infer-inputs-not-a-list": _INFER_CLIENT_ERRORS,
+    "infer-bad-parameter-type": _INFER_CLIENT_ERRORS + " (the words are Triton's)",
+    "infer-bad-sequence-id": _INFER_CLIENT_ERRORS + " (the words are Triton's)",
+    "infer-bad-timeout": _INFER_CLIENT_ERRORS + " (the words are Triton's)",
+    "infer-binary-header-not-a-number":
+        "Kernel refuses an Inference-Header-Content-Length that is not decimal digits (400 'Unable to parse "
+        "inference header size'); Triton 2.51 reads it with atoi, so 'abc' is 0 and the body a raw request. "
+        "Two parsers of one request must not split it differently (issue 14 item 12). A real 0 is a raw "
+        "request in both (infer-raw-binary-single-input)",
+    "generate-decoupled":
+        "same words; Kernel answers 500 where Triton 2.51 answers 200 with the error in the body (a failed "
+        "request must not read as a success to a client that checks the status)",
+    "grpc-cuda-shm-register":
+        "same status (INVALID_ARGUMENT); Kernel says why nothing can be registered ('GPUs not supported': "
+        "this machine has none), where Triton 2.51 says 'failed to register shared memory region: invalid args'",
+    "repository-index-after-failures": _CRASHER_UNLOADING,
+    "grpc-repository-index": _CRASHER_UNLOADING,
+    "vertex-redirect-index": _CRASHER_UNLOADING,
     "vertex-redirect-unload":
         "Kernel refuses redirects that change server state (load/unload, shared-memory register/"
         "unregister) with 403: the predict route is open to every caller of the endpoint, the "
@@ -71,64 +102,6 @@ DIFFERENCES: dict[str, str] = {
 
 # case id -> what differs, and which part of Kernel owns the fix (not deliberate: to be fixed)
 OPEN: dict[str, str] = {
-    "health-live-post": "transports/http: Triton answers POST on /v2/health/* with 405 Method Not Allowed",
-    "model-metadata-bad-version": "transports/http: a version that is not a number is 404 {\"error\":\"Not Found\"} "
-                                  "in Triton (the route does not match)",
-    "model-ready-unknown": "transports/http: Triton's not-ready answer has the body {\"error\":\"Model version not ready\"}",
-    "model-ready-unloaded": "transports/http: as model-ready-unknown",
-    "model-ready-after-failed-load": "transports/http: as model-ready-unknown",
-    "infer-too-few-elements": "transports/http codec: Triton 500 'Unable to parse 'data': Shape does not match "
-                              "true shape of 'data' field'",
-    "infer-unknown-input": "kernel/core request validation: Triton counts inputs first ('expected 2 inputs but "
-                           "got 3 inputs ...')",
-    "infer-unknown-output": "kernel/core: Triton's message has no '[request id: ...]' prefix",
-    "grpc-infer-unknown-output": "kernel/core: as infer-unknown-output",
-    "infer-bad-datatype-name": "transports/http codec: Triton says 'invalid datatype for input INPUT0'",
-    "infer-binary-size-mismatch": "transports/http codec: Triton says 'unexpected additional input data for "
-                                  "model 'add_sub''",
-    "infer-binary-header-not-a-number": "transports/http: Triton ignores a non-numeric "
-                                        "Inference-Header-Content-Length (the body is then raw input)",
-    "infer-data-not-numbers": "transports/http codec: Triton answers JSON type errors with 500",
-    "infer-inputs-not-a-list": "transports/http codec: Triton 500 'Unable to parse 'inputs': attempt to access "
-                               "JSON non-array as array'",
-    "infer-bad-parameter-type": "transports/http codec: Triton answers parameter type errors with 500",
-    "infer-bad-sequence-id": "transports/http codec: as infer-bad-parameter-type",
-    "infer-bad-timeout": "transports/http codec: as infer-bad-parameter-type",
-    "infer-strings": "kernel/core: the shape error for a model with max_batch_size > 0 lacks Triton's "
-                     "'NOTE: Setting a non-zero max_batch_size ...' sentence",
-    "infer-decoupled-over-http": "transports/http: Triton refuses a decoupled model over HTTP with 501 'HTTP end "
-                                 "point doesn't support models with decoupled transaction policy'",
-    "infer-model-raises": "backends/python: Triton says \"for model 'raises_0'\" (Kernel: 'model instance')",
-    "grpc-infer-model-raises": "backends/python: as infer-model-raises",
-    "load-init-fails": "backends/python: Triton prefixes an initialize() failure with 'Internal: ' (Kernel: "
-                       "'Failed to initialize Python stub: ')",
-    "grpc-load-init-fails": "backends/python: as load-init-fails",
-    "load-syntax-error": "backends/python: Triton gives 'Internal: SyntaxError: ...' without a traceback",
-    "repository-index-after-failures": "backends/python: the reasons of load-init-fails and load-syntax-error, "
-                                       "as they appear in the index",
-    "grpc-repository-index": "as repository-index-after-failures",
-    "vertex-redirect-index": "as repository-index-after-failures",
-    "load-autocomplete-fails": "backends/python: Triton frames an auto_complete_config failure as the version's "
-                               "('version 1 is at UNAVAILABLE state: Internal: ...;')",
-    "infer-wrong-count": "backends/python: Triton prefixes \"Failed to process the request(s) for model "
-                         "'wrong_count_0', message: \"",
-    "infer-wrong-type": "backends/python: as infer-wrong-count",
-    "infer-crasher-dies": "backends/python: Triton's answer for a request whose worker died is only \"Stub "
-                          "process 'crasher_0' is not healthy.\"",
-    "generate-decoupled": "transports/http generate: Triton answers 200 with the error in the body and without "
-                          "Kernel's ' (got 2)'; Kernel answers 500 (the owner may rather list the status as "
-                          "deliberate)",
-    "infer-classification": "transports/http: the 'classification' output parameter is ignored (Triton answers "
-                            "the top classes as BYTES '<value>:<index>')",
-    "grpc-infer-classification": "transports/grpc: the 'classification' output parameter is refused as "
-                                 "UNIMPLEMENTED (Triton answers the top classes)",
-    "infer-raw-binary-single-input": "transports/http: a raw binary body (Inference-Header-Content-Length: 0) "
-                                     "for a one-input model is refused as empty JSON; Triton takes it as the input",
-    "stats-all": "follows from infer-decoupled-over-http and infer-raw-binary-single-input: Kernel ran the "
-                 "first, which Triton refused, and refused the second, which Triton ran",
-    "grpc-statistics-all": "as stats-all",
-    "grpc-cuda-shm-register": "transports/grpc (CUDA shared memory on a machine without GPUs): Triton says "
-                              "'failed to register shared memory region: invalid args'",
 }
 
 # requests left out of the table: what real Triton 2.51 does with them, and where Kernel is tested
