@@ -266,7 +266,7 @@ def test_bad_request_bodies_and_routes(kernel):
     assert http(url, "GET", "/v2/repository/index")[0] == 405
     status, body = http(url, "POST", "/v2/repository/index", b"{not json")  # tritonserver's status and words
     assert (status, json.loads(body)) == (
-        500, {"error": "failed to parse the request JSON buffer: Missing a name for object member. at 1"})
+        400, {"error": "failed to parse the request JSON buffer: Missing a name for object member. at 1"})
     status, body = http(url, "POST", "/v2/repository/index", {"ready": "yes"})
     assert (status, json.loads(body)) == (400, {"error": "attempt to access JSON non-boolean as boolean"})
     status, body = http(url, "POST", "/v2/repository/models/scaler/load", {"parameters": {"foo": "bar"}})

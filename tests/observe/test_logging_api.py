@@ -153,11 +153,11 @@ def post(kernel, body: bytes):
     "body, status, message",
     [
         ({"log_file": "/tmp/elsewhere.log"}, 501, "log file location can not be updated through network protocol"),
-        ({"log_info": "yes"}, 500, "attempt to access JSON non-boolean as boolean"),
-        ({"log_warning": 1}, 500, "attempt to access JSON non-boolean as boolean"),
-        ({"log_verbose_level": -1}, 500, "attempt to access JSON non-unsigned-integer as unsigned-integer"),
-        ({"log_verbose_level": "2"}, 500, "attempt to access JSON non-unsigned-integer as unsigned-integer"),
-        ({"log_format": 5}, 500, "attempt to access JSON non-string as string"),
+        ({"log_info": "yes"}, 400, "attempt to access JSON non-boolean as boolean"),
+        ({"log_warning": 1}, 400, "attempt to access JSON non-boolean as boolean"),
+        ({"log_verbose_level": -1}, 400, "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+        ({"log_verbose_level": "2"}, 400, "attempt to access JSON non-unsigned-integer as unsigned-integer"),
+        ({"log_format": 5}, 400, "attempt to access JSON non-string as string"),
         ({"log_format": "xml"}, 503, "invalid argument for --log_format, got: xml"),
     ],
 )
@@ -168,7 +168,7 @@ def test_bad_http_values_are_refused(kernel, http, body, status, message):
 
 def test_bad_json_is_refused(kernel):
     status, doc = post(kernel, b"{not json")
-    assert status == 500 and doc["error"].startswith("failed to parse the request JSON buffer")
+    assert status == 400 and doc["error"].startswith("failed to parse the request JSON buffer")
 
 
 def test_settings_before_a_bad_value_still_apply(kernel, http):

@@ -272,14 +272,14 @@ def test_level_off_traces_nothing(kernel, http):
         ({"trace_rate": "abc"}, "400", "Unable to parse 'trace_rate', got: abc"),
         ({"trace_rate": "99999999999"}, "400",
          "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 99999999999"),
-        ({"trace_rate": 5}, "500", "attempt to access JSON non-string as string"),
+        ({"trace_rate": 5}, "400", "attempt to access JSON non-string as string"),
         ({"trace_rate": "0", "trace_level": ["TIMESTAMPS"]}, "400",
          "Attempting to set invalid trace setting :sample rate must be non-zero"),
         ({"trace_count": "-2"}, "400", "Unable to parse 'trace_count'. Expecting value >= -1, got:-2"),
         ({"trace_count": "x"}, "400", "Unable to parse 'trace_count', got: x"),
         ({"log_frequency": "x"}, "400", "Unable to parse 'log_frequency', got: x"),
         ({"trace_level": ["OFF", "TIMESTAMPS"]}, "400", "Expect only one trace level 'OFF' is specified"),
-        ({"trace_level": "TIMESTAMPS"}, "500", "attempt to access JSON non-array as array"),
+        ({"trace_level": "TIMESTAMPS"}, "400", "attempt to access JSON non-array as array"),
     ],
 )
 def test_bad_http_values_are_refused(http, settings, status, message):

@@ -1,6 +1,6 @@
 """RapidJSON's words and offsets for malformed bodies, as tritonserver 2.51 answered each of these
-(measured: POST /v2/models/add_sub/infer with the body, 500 and
-`failed to parse the request JSON buffer: <this>`)."""
+(measured: POST /v2/models/add_sub/infer with the body: Triton answered 500 and
+`failed to parse the request JSON buffer: <this>`; Kernel answers the same words with 400, a client mistake)."""
 
 from __future__ import annotations
 

@@ -54,11 +54,12 @@ def _decode_header(header) -> RequestJSON:
     except msgspec.ValidationError as exc:
         raise _bad(f"Unable to parse inference request: {exc}") from None
     except msgspec.DecodeError as exc:
-        # tritonserver's words, offset and status (500) for a body that is not JSON (issue 13).
+        # tritonserver's words and offset for a body that is not JSON (issue 13); 400, not its 500:
+        # the mistake is the client's (issue 14).
         where = json_errors.describe(header)
         if where is None:
             raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
-        raise KernelError(ErrorCode.INTERNAL, f"failed to parse the request JSON buffer: {where}") from None
+        raise _bad(f"failed to parse the request JSON buffer: {where}") from None
     except UnicodeDecodeError as exc:
         raise _bad(f"failed to parse the request JSON buffer: invalid UTF-8: {exc}") from None
     except RecursionError:

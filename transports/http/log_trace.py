@@ -31,7 +31,7 @@ _decode = msgspec.json.Decoder().decode
 
 
 def _json_type_error(expected: str) -> KernelError:
-    return KernelError(ErrorCode.INTERNAL, f"attempt to access JSON non-{expected} as {expected}")
+    return KernelError(ErrorCode.INVALID_ARG, f"attempt to access JSON non-{expected} as {expected}")
 
 
 async def _request_doc(app, receive) -> Any:
@@ -41,7 +41,7 @@ async def _request_doc(app, receive) -> Any:
     try:
         doc = _decode(body)
     except msgspec.DecodeError as exc:
-        raise KernelError(ErrorCode.INTERNAL, f"failed to parse the request JSON buffer: {exc}") from None
+        raise KernelError(ErrorCode.INVALID_ARG, f"failed to parse the request JSON buffer: {exc}") from None
     return doc if isinstance(doc, dict) else {}  # a JSON value other than an object sets nothing
 
 

@@ -86,11 +86,11 @@ def _parse_body(body: bytes) -> dict:
     try:
         request = _decode.decode(body)
     except msgspec.DecodeError as exc:
-        # tritonserver's status (500), words and offset (RapidJSON's) for a body that is not JSON
+        # tritonserver's words and offset (RapidJSON's) for a body that is not JSON; 400, not its 500
         where = json_errors.describe(body)
         if where is None:
             raise KernelError(ErrorCode.INVALID_ARG, f"failed to parse the request JSON buffer: {exc}") from None
-        raise KernelError(ErrorCode.INTERNAL, f"failed to parse the request JSON buffer: {where}") from None
+        raise KernelError(ErrorCode.INVALID_ARG, f"failed to parse the request JSON buffer: {where}") from None
     if not isinstance(request, dict):
         raise KernelError(ErrorCode.INVALID_ARG, "the request body must be a JSON object")
     return request
