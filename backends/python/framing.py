@@ -7,7 +7,7 @@ uvloop: one callback per read, no await per message.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from typing import Callable, Optional
 
 import msgspec
 
@@ -17,8 +17,12 @@ _HEADER = 4
 class MessageChannel(asyncio.Protocol):
     """Decodes framed messages into `on_message`, encodes with `send`."""
 
-    def __init__(self, decode_type, on_message: Callable, on_lost: Callable[[Exception | None], None]):
+    def __init__(self, decode_type, on_message: Callable, on_lost: Callable[[Exception | None], None],
+                 on_undecodable: Optional[Callable[[bytes, Exception], None]] = None):
+        """on_undecodable(frame, error): a whole frame that does not decode as `decode_type`; without
+        it the error propagates (the connection is broken: the peer speaks another protocol)."""
         self._decoder = msgspec.msgpack.Decoder(decode_type)
+        self._on_undecodable = on_undecodable
         self._encoder = msgspec.msgpack.Encoder()
         self._on_message = on_message
         self._on_lost = on_lost
@@ -47,7 +51,12 @@ class MessageChannel(asyncio.Protocol):
                 if end - pos - _HEADER < size:
                     break
                 start = pos + _HEADER
-                messages.append(self._decoder.decode(view[start : start + size]))
+                try:
+                    messages.append(self._decoder.decode(view[start : start + size]))
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    if self._on_undecodable is None:
+                        raise
+                    self._on_undecodable(bytes(view[start : start + size]), exc)
                 pos = start + size
         if pos:
             del buf[:pos]

@@ -32,8 +32,8 @@ _POLL_STEP_S = 0.005
 
 
 class InlineChannel(MessageChannel):
-    def __init__(self, decode_type, on_message, on_lost, sock: socket.socket):
-        super().__init__(decode_type, on_message, on_lost)
+    def __init__(self, decode_type, on_message, on_lost, sock: socket.socket, on_undecodable=None):
+        super().__init__(decode_type, on_message, on_lost, on_undecodable)
         self._sock = sock  # a duplicate of the channel socket, for reads and writes off the loop
         self._sock.setblocking(False)
         self._readable = select.poll()

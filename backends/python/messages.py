@@ -8,6 +8,7 @@ location (arena segment, offset, size).
 
 from __future__ import annotations
 
+import time
 from typing import Optional, Union
 
 import msgspec
@@ -239,3 +240,21 @@ ToWorker = Union[
 ToFront = Union[
     Started, Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult, MetricOps, ModelControl,
 ]
+
+
+def refuse_undecodable(frame: bytes, error: Exception) -> Optional[Responses]:
+    """The answer to a frame the worker could not decode: an error for each request of an Execute,
+    read leniently for its keys, and an empty execution record so the front's count of executions
+    in flight is undone. None when the frame is not a readable Execute (nothing to answer)."""
+    try:
+        doc = msgspec.msgpack.decode(frame)
+    except msgspec.DecodeError:
+        return None
+    if not (isinstance(doc, list) and len(doc) >= 2 and doc[0] == "exec" and isinstance(doc[1], list)):
+        return None
+    keys = [r[0] for r in doc[1] if isinstance(r, list) and r and type(r[0]) is int]
+    trace_key = doc[2] if len(doc) > 2 and type(doc[2]) is int else 0
+    message = f"the model's worker could not read this request: {error}"
+    now = time.monotonic_ns()
+    return Responses([Response(k, error=Error("INVALID_ARG", message)) for k in keys],
+                     [Execution(0, now, now, now, now, trace_key=trace_key)])

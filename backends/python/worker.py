@@ -98,7 +98,7 @@ class Worker:
         self.done = self.loop.create_future()
         direct_sock = self.channel_sock.dup()
         _, self.channel = await self.loop.create_unix_connection(
-            lambda: InlineChannel(messages.ToWorker, self.on_message, self.on_lost, direct_sock),
+            lambda: InlineChannel(messages.ToWorker, self.on_message, self.on_lost, direct_sock, self.on_undecodable),
             sock=self.channel_sock,
         )
         await self.done
@@ -124,6 +124,13 @@ class Worker:
             return
         if not self.done.done():
             self.done.set_result(None)
+
+    def on_undecodable(self, frame: bytes, error: Exception) -> None:
+        """A frame this worker cannot read fails the requests it carries, never the worker."""
+        log.error("a message from the server could not be read (%s); its requests are answered with an error", error)
+        answer = messages.refuse_undecodable(frame, error)
+        if answer is not None:
+            self.channel.send(answer)
 
     def on_message(self, msg) -> None:
         kind = type(msg)
