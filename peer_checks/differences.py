@@ -25,6 +25,10 @@ _INFER_CLIENT_ERRORS = (
     "an infer request the client got wrong is 400 naming the problem (Triton 2.51: 500 for the type and "
     "shape errors its JSON parser finds); decided in issue 14 item 12"
 )
+_NOT_JSON = (
+    "a body that is not JSON (or a setting of the wrong JSON type) is the client's mistake: 400 with "
+    "Triton's words and offset (Triton 2.51: 500); issue 14 (commit 17843eb)"
+)
 _CRASHER_UNLOADING = (
     "Triton 2.51 never finishes unloading a model whose stub died earlier: crasher reads UNLOADING in "
     "every later index of the run; Kernel's unload completes (UNAVAILABLE, 'unloaded'). The other rows "
@@ -91,6 +95,15 @@ DIFFERENCES: dict[str, str] = {
     "grpc-cuda-shm-register":
         "same status (INVALID_ARGUMENT); Kernel says why nothing can be registered ('GPUs not supported': "
         "this machine has none), where Triton 2.51 says 'failed to register shared memory region: invalid args'",
+    "infer-malformed-json": _NOT_JSON,
+    "infer-not-json": _NOT_JSON,
+    "infer-empty-document": _NOT_JSON,
+    "repository-index-bad-json": _NOT_JSON,
+    "logging-bad-value": _NOT_JSON,
+    "sagemaker-invocations-not-json": _NOT_JSON,
+    "sagemaker-invocations-bad-json": _NOT_JSON,
+    "vertex-predict-bad-json": _NOT_JSON,
+    "load-bad-json": _NOT_JSON,
     "repository-index-after-failures": _CRASHER_UNLOADING,
     "grpc-repository-index": _CRASHER_UNLOADING,
     "vertex-redirect-index": _CRASHER_UNLOADING,
