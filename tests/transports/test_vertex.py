@@ -86,8 +86,8 @@ def test_predict_binary_tensor_data(start_kernel, tmp_path):
 def test_predict_bad_input_keeps_serving(start_kernel, tmp_path):
     repo = repo_with(tmp_path, EXAMPLES / "add_sub")
     _, c = vertex(start_kernel, [repo])
-    r = c.post(PREDICT, content=b"{oops")  # tritonserver's status and words (RapidJSON's)
-    assert (r.status_code, r.json()) == (500, {"error": "failed to parse the request JSON buffer: "
+    r = c.post(PREDICT, content=b"{oops")  # tritonserver's words (RapidJSON's); 400, not its 500 (17843eb)
+    assert (r.status_code, r.json()) == (400, {"error": "failed to parse the request JSON buffer: "
                                                         "Missing a name for object member. at 1"})
     r = c.post(PREDICT, content=b"{}", headers={"Content-Type": f"{MIME}x"})
     assert r.status_code == 400 and "Unable to parse inference header size" in r.json()["error"]
