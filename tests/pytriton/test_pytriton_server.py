@@ -118,8 +118,12 @@ def test_add_sub_with_model_client(add_sub, scheme):
 def test_add_sub_bad_input_is_refused_and_server_keeps_serving(add_sub):
     with httpclient.InferenceServerClient(add_sub.url) as client:
         with pytest.raises(InferenceServerException) as err:
-            client.infer("AddSub", [http_input("a", np.ones((1, 2), np.float64))])
+            client.infer("AddSub", [http_input("a", np.ones((1, 2), np.float64)),
+                                    http_input("b", np.ones((1, 2), np.float32))])
         assert "data-type" in str(err.value) or "expects" in str(err.value)
+        with pytest.raises(InferenceServerException) as err:  # a missing input, counted first as Triton does
+            client.infer("AddSub", [http_input("a", np.ones((1, 2), np.float32))])
+        assert "expected 2 inputs but got 1 inputs" in str(err.value)
         ok = client.infer("AddSub", [http_input("a", np.ones((1, 2), np.float32)),
                                      http_input("b", np.ones((1, 2), np.float32))])
         np.testing.assert_array_equal(ok.as_numpy("add"), [[2.0, 2.0]])
