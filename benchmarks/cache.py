@@ -148,33 +148,24 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     servers = []
-    triton_runs: list[list] = []
-    kernel_runs: list[list] = []
-    kernel_cmd = ""
-    rc = 0
+    kernel_cmds = []
+
+    def start_kernel():
+        srv, command = harness.start_kernel(args, repo, args.kernel_ports, logs)
+        kernel_cmds.append(command)
+        return srv
+
+    sides = [
+        harness.Side(f"real Triton (cache on) on {repo}",
+                     lambda: start_triton_cached(repo, args.triton_ports, logs, args.cache_bytes)),
+        harness.Side(f"Kernel (cache on) on {repo}", start_kernel),
+    ]
     try:
-        for rnd in range(1, args.rounds + 1):
-            tag = f"[round {rnd}/{args.rounds}] " if args.rounds > 1 else ""
-            print(f"{tag}real Triton (cache on) on {repo}", file=sys.stderr, flush=True)
-            srv = start_triton_cached(repo, args.triton_ports, logs, args.cache_bytes)
-            servers.append(srv)
-            triton_runs.append(measure(srv, args, logs, protocols, rnd))
-            srv.stop()
-            print(f"{tag}Kernel (cache on) on {repo}", file=sys.stderr, flush=True)
-            srv, kernel_cmd = harness.start_kernel(args, repo, args.kernel_ports, logs)
-            servers.append(srv)
-            kernel_runs.append(measure(srv, args, logs, protocols, rnd))
-            srv.stop()
-    except harness.BenchError as e:
-        print(f"\nERROR: {e}", file=sys.stderr)
-        rc = 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping servers", file=sys.stderr)
-        rc = 130
+        (triton_runs, kernel_runs), rc, _ = harness.alternate_rounds(
+            args.rounds, sides, lambda srv, rnd: measure(srv, args, logs, protocols, rnd), servers)
     finally:
-        for s in servers:
-            s.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+    kernel_cmd = kernel_cmds[-1] if kernel_cmds else ""
     if rc or not triton_runs or not kernel_runs:
         return rc or 2
 

@@ -41,6 +41,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -395,6 +396,47 @@ def measure(srv: Server, args, out: Path, protocols: list[str], rnd: int = 1) ->
     return points
 
 
+@dataclass
+class Side:
+    """One server of a comparison: what to print before it starts, and how to start it."""
+
+    banner: str
+    start: Callable[[], "Server"]
+
+
+def alternate_rounds(rounds: int, sides: list[Side], measure_one: Callable, servers: list) -> tuple[list, int, Optional[str]]:
+    """Each round starts, measures and stops every side in turn (Triton, Kernel, Triton, Kernel, ...),
+    so slow drift on the box hits both alike; one server runs at a time. Every server started is
+    appended to `servers` and all are stopped at the end, on error and on Ctrl-C.
+
+    Returns the points per side (a list per round), the exit status (0; 2 after a BenchError;
+    130 after Ctrl-C or SIGTERM) and the first line of the failure, if any.
+    """
+    runs: list[list] = [[] for _ in sides]
+    rc, failure = 0, None
+    try:
+        for rnd in range(1, rounds + 1):
+            tag = f"[round {rnd}/{rounds}] " if rounds > 1 else ""
+            for side, side_runs in zip(sides, runs):
+                print(f"{tag}{side.banner}", file=sys.stderr, flush=True)
+                srv = side.start()
+                servers.append(srv)
+                print(f"  ready in {srv.startup_s:.1f} s ({srv.metadata})", file=sys.stderr, flush=True)
+                side_runs.append(measure_one(srv, rnd))
+                srv.stop()
+    except BenchError as e:
+        print(f"\nERROR: {e}", file=sys.stderr)
+        failure = str(e).splitlines()[0]
+        rc = 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping servers", file=sys.stderr)
+        rc = 130
+    finally:
+        for s in servers:
+            s.stop()
+    return runs, rc, failure
+
+
 def combine_rounds(runs: list[list[Point]]) -> list[Point]:
     """One point per (protocol, concurrency): the round with the median throughput (lower median)."""
     if len(runs) == 1:
@@ -564,39 +606,17 @@ def main(argv=None) -> int:
     servers: list[Server] = []
     kernel_printable = kernel_command(args, repo, args.kernel_ports, out / "kernel.log")[1]
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    rc = 0
-    failure = None
-    triton_runs: list[list[Point]] = []
-    kernel_runs: list[list[Point]] = []
-    try:
-        # Rounds alternate the servers (Triton, Kernel, Triton, Kernel, ...) so that slow drift on
-        # the box hits both sides alike; each point reports the round with the median throughput.
-        for rnd in range(1, args.rounds + 1):
-            tag = f"[round {rnd}/{args.rounds}] " if args.rounds > 1 else ""
-            if args.only != "kernel":
-                print(f"{tag}starting real Triton on {repo} (ports {args.triton_ports}) ...", file=sys.stderr, flush=True)
-                srv = start_triton(repo, args.triton_ports, out)
-                servers.append(srv)
-                print(f"  ready in {srv.startup_s:.1f} s ({srv.metadata})", file=sys.stderr, flush=True)
-                triton_runs.append(measure(srv, args, out, protocols, rnd))
-                srv.stop()
-            if args.only != "triton":
-                print(f"{tag}starting {args.kernel_label}: {kernel_printable}", file=sys.stderr, flush=True)
-                srv, _ = start_kernel(args, repo, args.kernel_ports, out)
-                servers.append(srv)
-                print(f"  ready in {srv.startup_s:.1f} s ({srv.metadata})", file=sys.stderr, flush=True)
-                kernel_runs.append(measure(srv, args, out, protocols, rnd))
-                srv.stop()
-    except BenchError as e:
-        print(f"\nERROR: {e}", file=sys.stderr)
-        failure = str(e).splitlines()[0]
-        rc = 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; stopping servers", file=sys.stderr)
-        rc = 130
-    finally:
-        for s in servers:
-            s.stop()
+    sides = []
+    if args.only != "kernel":
+        sides.append(Side(f"starting real Triton on {repo} (ports {args.triton_ports}) ...",
+                          lambda: start_triton(repo, args.triton_ports, out)))
+    if args.only != "triton":
+        sides.append(Side(f"starting {args.kernel_label}: {kernel_printable}",
+                          lambda: start_kernel(args, repo, args.kernel_ports, out)[0]))
+    runs, rc, failure = alternate_rounds(args.rounds, sides, lambda srv, rnd: measure(srv, args, out, protocols, rnd),
+                                         servers)
+    triton_runs = runs[0] if args.only != "kernel" else []
+    kernel_runs = runs[-1] if args.only != "triton" else []
 
     triton_pts = combine_rounds(triton_runs) if triton_runs else []
     kernel_pts = combine_rounds(kernel_runs) if kernel_runs else []
