@@ -195,16 +195,10 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     servers = []
-    kernel_cmds = []
-
-    def start_kernel():
-        srv, command = harness.start_kernel(args, repo, args.kernel_ports, logs)
-        kernel_cmds.append(command)
-        return srv
-
+    kernel, kernel_cmds = harness.kernel_side(f"Kernel on {repo}", args, repo, logs)
     sides = [
         harness.Side(f"real Triton on {repo}", lambda: harness.start_triton(repo, args.triton_ports, logs)),
-        harness.Side(f"Kernel on {repo}", start_kernel),
+        kernel,
     ]
     (triton_runs, kernel_runs), rc, _ = harness.alternate_rounds(
         args.rounds, sides, lambda srv, rnd: measure(srv, args, logs, protocols, rnd), servers)

@@ -148,17 +148,11 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     servers = []
-    kernel_cmds = []
-
-    def start_kernel():
-        srv, command = harness.start_kernel(args, repo, args.kernel_ports, logs)
-        kernel_cmds.append(command)
-        return srv
-
+    kernel, kernel_cmds = harness.kernel_side(f"Kernel (cache on) on {repo}", args, repo, logs)
     sides = [
         harness.Side(f"real Triton (cache on) on {repo}",
                      lambda: start_triton_cached(repo, args.triton_ports, logs, args.cache_bytes)),
-        harness.Side(f"Kernel (cache on) on {repo}", start_kernel),
+        kernel,
     ]
     try:
         (triton_runs, kernel_runs), rc, _ = harness.alternate_rounds(

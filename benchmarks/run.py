@@ -404,6 +404,18 @@ class Side:
     start: Callable[[], "Server"]
 
 
+def kernel_side(banner: str, args, repo: Path, out: Path) -> tuple[Side, list[str]]:
+    """A Side that starts Kernel; each command it ran is appended to the returned list."""
+    commands: list[str] = []
+
+    def start():
+        srv, command = start_kernel(args, repo, args.kernel_ports, out)
+        commands.append(command)
+        return srv
+
+    return Side(banner, start), commands
+
+
 def alternate_rounds(rounds: int, sides: list[Side], measure_one: Callable, servers: list) -> tuple[list, int, Optional[str]]:
     """Each round starts, measures and stops every side in turn (Triton, Kernel, Triton, Kernel, ...),
     so slow drift on the box hits both alike; one server runs at a time. Every server started is
