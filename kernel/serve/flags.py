@@ -148,15 +148,13 @@ FLAG_KINDS = {
     "http-thread-count": parse_int, "grpc-infer-thread-count": parse_int, "model-load-thread-count": parse_int,
     "buffer-manager-thread-count": parse_int, "pinned-memory-pool-byte-size": parse_int64,
     "cuda-memory-pool-byte-size": str, "cuda-virtual-address-size": str,
-    "min-supported-compute-capability": parse_float, "allow-gpu-metrics": parse_bool,
+    "min-supported-compute-capability": parse_float,
     "model-load-retry-count": parse_int, "grpc-max-response-pool-size": parse_int,
     "reuse-http-port": parse_bool, "reuse-grpc-port": parse_bool, "enable-peer-access": parse_bool,
     "host-policy": str, "model-load-gpu-limit": str, "repoagent-directory": str,
     "sagemaker-thread-count": parse_int, "vertex-ai-thread-count": parse_int,
-    "model-namespacing": parse_bool, "grpc-http2-min-recv-ping-interval-without-data": parse_int,
-    "grpc-http2-max-ping-strikes": parse_int, "grpc-max-connection-age": parse_int,
-    "grpc-max-connection-age-grace": parse_int, "grpc-infer-response-compression-level": str,
-    "cache-config": str, "cache-directory": str, "response-cache-byte-size": parse_int64,
+    "model-namespacing": parse_bool, "grpc-infer-response-compression-level": str,
+    "cache-directory": str,
     "rate-limit": str, "rate-limit-resource": str, "allow-client-shm": parse_bool,
 }
 

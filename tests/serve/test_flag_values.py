@@ -141,6 +141,7 @@ def test_every_flag_of_a_kind_uses_that_kinds_parser():
     every = {*INTEGER_FLAGS, *BOOLEAN_FLAGS, *FLOAT_FLAGS}
     assert not every & cli.NOT_YET_FLAGS
     assert {f for f in cli.NO_EFFECT_FLAGS | cli.NOT_YET_FLAGS if f not in cli.FLAG_KINDS} == set()
+    assert set(cli.FLAG_KINDS) - (cli.NO_EFFECT_FLAGS | cli.NOT_YET_FLAGS) == set()  # no stale kinds
 
 
 @pytest.mark.parametrize(
