@@ -376,7 +376,7 @@ class GrpcConnection(Http2Connection):
         n = size + 5
         if self.send_whole(s, RESPONSE_HEADERS, [b"\x00" + U32.pack(size), *parts], n, TRAILERS_OK):
             return
-        self._reply(s, b"".join(parts))
+        self._reply(s, parts, size)
 
     def _call_unary(self, s: GrpcStream, msg) -> None:
         try:
@@ -393,7 +393,8 @@ class GrpcConnection(Http2Connection):
             log.exception("unexpected error in a gRPC handler")
             self._finish(s, codec.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             return
-        self._reply(s, result.SerializeToString())
+        body = result.SerializeToString()
+        self._reply(s, [body], len(body))
 
     def _unary_done(self, s: GrpcStream, task: asyncio.Task) -> None:
         s.request = None
@@ -406,7 +407,8 @@ class GrpcConnection(Http2Connection):
             log.error("unexpected error in a gRPC handler", exc_info=exc)
             self._finish(s, codec.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
         else:
-            self._reply(s, task.result().SerializeToString())
+            body = task.result().SerializeToString()
+            self._reply(s, [body], len(body))
 
     def _session_ready(self, s: GrpcStream) -> None:
         if s.closed or s.trailers is not None or s.flush_scheduled:
@@ -431,7 +433,7 @@ class GrpcConnection(Http2Connection):
                 body = outbox.popleft()
                 data.append(b"\x00" + U32.pack(len(body)))
                 data.append(body)
-            self.send(s, chunks, b"".join(data), None)
+            self.send(s, chunks, data, None)
         if session.finished:
             error = session.error
             if error is not None:
@@ -441,13 +443,14 @@ class GrpcConnection(Http2Connection):
 
     # ---- output -----------------------------------------------------------------
 
-    def _reply(self, s: GrpcStream, body: bytes) -> None:
-        """Headers, one message and OK trailers: the whole answer to a unary call."""
+    def _reply(self, s: GrpcStream, parts: list, size: int) -> None:
+        """Headers, one message (the `size` bytes of `parts`, not joined) and OK trailers: the
+        whole answer to a unary call."""
         if s.closed or s.trailers is not None:
             return
         s.headers_sent = True
         head = frame(HEADERS, FLAG_END_HEADERS, s.id, RESPONSE_HEADERS)
-        self.send(s, [head], b"\x00" + U32.pack(len(body)) + body, TRAILERS_OK)
+        self.send(s, [head], [b"\x00" + U32.pack(size), *parts], TRAILERS_OK)
 
     def _finish(self, s: GrpcStream, code: int, message: str) -> None:
         """End the call with a status: trailers after a response, or a trailers-only response."""
@@ -471,6 +474,7 @@ class GrpcConnection(Http2Connection):
         if s.closed:
             return
         s.pending.clear()
+        s.pending_bytes = 0
         s.trailers = None
         if s.headers_sent:
             self.close_stream(s)

@@ -50,7 +50,7 @@ class Stream:
     """The HTTP/2 state of one stream; a subclass adds what the application keeps per request."""
 
     __slots__ = (
-        "id", "recv_unacked", "recv_window", "send_window", "pending", "trailers", "remote_closed", "closed",
+        "id", "recv_unacked", "recv_window", "send_window", "pending", "pending_bytes", "trailers", "remote_closed", "closed",
         "headers_sent",
     )
 
@@ -60,6 +60,7 @@ class Stream:
         self.recv_window = recv_window  # what the client may still send before a WINDOW_UPDATE
         self.send_window = send_window
         self.pending: collections.deque = collections.deque()  # DATA payloads waiting for window
+        self.pending_bytes = 0  # their total size
         self.trailers: Optional[bytes] = None  # set once the answer is complete: sent after pending
         self.remote_closed = False
         self.closed = False
@@ -112,6 +113,7 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
         self.blocked: dict[int, Stream] = {}  # streams with output waiting for window
         # output coalescing: frames produced in one loop iteration leave in one write
         self.out: list = []
+        self.out_large = False  # out holds large DATA views: written with writelines, not joined
         self.flush_handle = None
         self.paused = False
         self.closing = False
@@ -537,6 +539,7 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
     def abandon(self, s: Stream) -> None:
         """The client reset the stream or the connection dropped: stop its work, write nothing."""
         s.pending.clear()
+        s.pending_bytes = 0
         s.trailers = None
         self.close_stream(s)
 

@@ -15,6 +15,10 @@ from kernel.transports.grpc.http2.frames import (
 )
 
 
+# DATA frames this large make a flush hand its pieces to writelines() instead of joining them.
+LARGE_WRITE = 64 * 1024
+
+
 class OutputMixin:
     """The writing half of Http2Connection."""
 
@@ -35,6 +39,8 @@ class OutputMixin:
         out.append(frame(HEADERS, FLAG_END_HEADERS, sid, head_block))
         out.append(frame_head(DATA, 0, sid, n))
         out.extend(chunks)
+        if n >= LARGE_WRITE:
+            self.out_large = True
         out.append(frame(HEADERS, FLAG_END_STREAM | FLAG_END_HEADERS, sid, trailer_block))
         self.pings_without_data = 0
         self.sent_data = True
@@ -52,12 +58,24 @@ class OutputMixin:
             self.flush()
         return True
 
-    def send(self, s, heads: list, data: bytes, trailers: Optional[bytes]) -> None:
-        """Write header frames, queue DATA (sent within flow-control windows), then the trailers."""
+    def send(self, s, heads: list, data, trailers: Optional[bytes]) -> None:
+        """Write header frames, queue DATA (sent within flow-control windows), then the trailers.
+
+        `data` is one buffer or a list of them (a message's length prefix, its fields and the
+        tensors' bytes as the backend handed them over): they are framed where they lie and
+        never joined, so a 16 MiB output tensor is not copied on its way to the socket.
+        """
         for h in heads:
             self.write(h)
         if data:
-            s.pending.append(memoryview(data))
+            pending = s.pending
+            for part in (data if type(data) is list else (data,)):
+                view = memoryview(part)
+                if view.format != "B" or view.ndim != 1:
+                    view = view.cast("B")
+                if view.nbytes:
+                    pending.append(view)
+                    s.pending_bytes += view.nbytes
         if trailers is not None:
             s.trailers = trailers
         self.pings_without_data = 0
@@ -65,25 +83,38 @@ class OutputMixin:
         self._pump(s)
 
     def _pump(self, s) -> None:
+        """DATA frames as large as the windows and the peer's frame size allow; a frame may span
+        several queued buffers (its payload is written as views of them, not copied)."""
         pending = s.pending
-        write = self.write
+        out = self.out
+        max_frame = self.peer_max_frame
         while pending:
             window = self.send_window if self.send_window < s.send_window else s.send_window
             if self.paused or window <= 0:
                 self.blocked[s.id] = s
-                return
-            item = pending[0]
-            n = len(item)
-            take = min(n, window, self.peer_max_frame)
-            write(frame_head(DATA, 0, s.id, take))
-            if take == n:
-                write(item)
-                pending.popleft()
-            else:
-                write(item[:take])
-                pending[0] = item[take:]
+                break
+            take = min(s.pending_bytes, window, max_frame)
+            out.append(frame_head(DATA, 0, s.id, take))
             self.send_window -= take
             s.send_window -= take
+            s.pending_bytes -= take
+            if take >= LARGE_WRITE:
+                self.out_large = True
+            while take:
+                item = pending[0]
+                n = len(item)
+                if n <= take:
+                    out.append(item)
+                    pending.popleft()
+                    take -= n
+                else:
+                    out.append(item[:take])
+                    pending[0] = item[take:]
+                    take = 0
+        if out and self.flush_handle is None:
+            self.flush_handle = self.loop.call_soon(self.flush)
+        if pending:
+            return
         self.blocked.pop(s.id, None)
         trailers = s.trailers
         if trailers is not None and not s.closed:
@@ -119,5 +150,10 @@ class OutputMixin:
         out, self.out = self.out, []
         transport = self.transport
         if out and transport is not None and not transport.is_closing():
-            transport.write(b"".join(out))
-
+            if self.out_large:
+                # Large DATA: handed over as the list of frame heads and views (one writev),
+                # not joined into a copy first.
+                self.out_large = False
+                transport.writelines(out)
+            else:
+                transport.write(b"".join(out) if len(out) > 1 else out[0])

@@ -1,0 +1,157 @@
+"""A/B of Kernel's gRPC transport: two trees' `transports/` folders, everything else the same.
+
+Why: the tree is shared with engineers changing the backend and the HTTP front at the same time;
+to measure a change to `transports/grpc/` alone, both sides run the working tree's `kernel` and
+`backends` and differ only in where `kernel.transports` is imported from (the editable install's
+finder is pointed at the other folder before `kernel serve` starts). Rounds alternate A, B, A, B
+(optionally real Triton too) and report per-round throughput, p50 and the front's CPU per request
+(utime+stime of the front process from /proc/PID/stat over the requests it served).
+
+    .venv/bin/python benchmarks/grpc_ab.py --a /tmp/before-grpc/transports --b transports \
+        --shape INPUT0:4194304 --concurrency 2 --rounds 3 [--triton]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import peers  # noqa: E402
+
+LAUNCH = (
+    "import sys, runpy\n"
+    "import __editable___kernel_inference_server_0_1_0_finder as f\n"
+    "f.MAPPING['kernel.transports'] = sys.argv.pop(1)\n"
+    "sys.argv[0] = 'kernel'\n"
+    "runpy.run_module('kernel', run_name='__main__', alter_sys=True)\n"
+)
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def get(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read()
+    except Exception:  # noqa: BLE001
+        return None, b""
+
+
+def infer_count(http: int, model: str) -> int:
+    status, body = get(f"http://127.0.0.1:{http}/v2/models/{model}/stats")
+    if status != 200:
+        return 0
+    stats = json.loads(body)["model_stats"]
+    return sum(s["inference_count"] for s in stats)
+
+
+def start(side: str, repo: Path, ports: list[int], log: Path):
+    if side == "triton":
+        cmd = peers.tritonserver_cmd(repo, *ports)
+        p = subprocess.Popen(cmd, cwd="/tmp", env=peers.env(), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    else:
+        cmd = [str(ROOT / ".venv/bin/python"), "-c", LAUNCH, str(Path(side).resolve()), "serve",
+               "--model-repository", str(repo), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
+               "--metrics-port", str(ports[2])]
+        p = subprocess.Popen(cmd, cwd=str(ROOT), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    t0 = time.monotonic()
+    while get(f"http://127.0.0.1:{ports[0]}/v2/health/ready")[0] != 200:
+        if p.poll() is not None or time.monotonic() - t0 > 60:
+            stop(p)
+            raise SystemExit(f"{side} did not start; see {log}")
+        time.sleep(0.05)
+    return p
+
+
+def stop(p) -> None:
+    try:
+        os.killpg(p.pid, 15)
+        p.wait(10)
+    except Exception:  # noqa: BLE001
+        try:
+            os.killpg(p.pid, 9)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def measure(side: str, args, ports: list[int], log: Path) -> dict:
+    p = start(side, args.repo, ports, log)
+    try:
+        with tempfile.TemporaryDirectory() as td:
+            csv = Path(td) / "pa.csv"
+            cmd = [*peers.perf_cmd(), "-m", args.model, "-u", f"localhost:{ports[1]}", "-i", "grpc",
+                   "--concurrency-range", f"{args.concurrency}:{args.concurrency}",
+                   "--measurement-interval", str(args.duration_ms), "--stability-percentage", "1000",
+                   "--max-trials", "3", "-f", str(csv)]
+            if args.shape:
+                cmd += ["--shape", args.shape]
+            n0, c0 = infer_count(ports[0], args.model), cpu_s(p.pid)
+            out = subprocess.run(cmd, env=peers.env(), capture_output=True, text=True, timeout=300)
+            c1, n1 = cpu_s(p.pid), infer_count(ports[0], args.model)
+            if out.returncode != 0 or not csv.exists():
+                return {"side": side, "error": out.stdout[-800:] + out.stderr[-800:]}
+            lines = csv.read_text().splitlines()
+            head, row = lines[0].split(","), lines[1].split(",")
+            d = dict(zip(head, row))
+            reqs = max(n1 - n0, 1)
+            return {"side": side, "infer_s": float(d["Inferences/Second"]), "p50_us": float(d["p50 latency"]),
+                    "cpu_us_per_req": (c1 - c0) * 1e6 / reqs, "requests": reqs,
+                    "command": shlex.join(["perf_analyzer", *cmd[1:]])}
+    finally:
+        stop(p)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--a", default="/tmp/before-grpc/transports")
+    ap.add_argument("--b", default=str(ROOT / "transports"))
+    ap.add_argument("--triton", action="store_true")
+    ap.add_argument("--repo", type=Path, default=ROOT / "benchmarks/model_repo_suite")
+    ap.add_argument("--model", default="identity_fp32")
+    ap.add_argument("--shape", default="INPUT0:4194304")
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--duration-ms", type=int, default=4000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--port", type=int, default=29110)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/grpc_ab.json"))
+    args = ap.parse_args()
+    sides = (["triton"] if args.triton else []) + [args.a, args.b]
+    ports = [args.port, args.port + 1, args.port + 2]
+    results = []
+    for rnd in range(args.rounds):
+        for side in sides:
+            r = measure(side, args, ports, Path(f"/tmp/grpc_ab_{len(results)}.log"))
+            r["round"] = rnd
+            r["load"] = os.getloadavg()[0]
+            results.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "command"}), flush=True)
+    print("medians:")
+    for side in sides:
+        rs = [r for r in results if r["side"] == side and "error" not in r]
+        if rs:
+            print(f"  {side}: infer/s {statistics.median(r['infer_s'] for r in rs):.1f}  "
+                  f"p50 {statistics.median(r['p50_us'] for r in rs):.0f} us  "
+                  f"front CPU/req {statistics.median(r['cpu_us_per_req'] for r in rs):.0f} us  (n={len(rs)})")
+    args.out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
