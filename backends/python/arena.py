@@ -10,6 +10,7 @@ process dies.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import mmap
 import os
 
@@ -21,13 +22,18 @@ def _round_up(n: int, align: int = _ALIGN) -> int:
 
 
 class Segment:
-    __slots__ = ("fd", "size", "map", "view")
+    __slots__ = ("fd", "size", "map", "view", "addr")
 
     def __init__(self, fd: int, size: int):
         self.fd = fd
         self.size = size
         self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.view = memoryview(self.map)
+        # Where the mapping starts in this process: lets the worker tell that a model's output
+        # array is a view of an input still in the front's arena (no copy back, see responses.py).
+        probe = ctypes.c_char.from_buffer(self.map)
+        self.addr = ctypes.addressof(probe)
+        del probe  # the buffer export ends here, so the mapping can still be closed
 
     def close(self) -> None:
         try:
@@ -135,6 +141,10 @@ class Arena:
 
     def view(self, segment: int, offset: int, nbytes: int) -> memoryview:
         return self.segments[segment].view[offset : offset + nbytes]
+
+    def size_of(self, segment: int, offset: int) -> int:
+        """The size of the live allocation at (segment, offset); 0 when there is none."""
+        return self._sizes.get((segment, offset), 0)
 
     @property
     def allocated(self) -> int:

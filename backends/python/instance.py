@@ -21,12 +21,13 @@ import msgspec
 from kernel.backends.python import messages, wire
 from kernel.backends.python.age_watch import AgeWatch
 from kernel.backends.python.arena import Arena, PeerArena
+from kernel.backends.python.arena_views import ArenaViews
 from kernel.backends.python.execenv import WorkerCommand, server_command
 from kernel.backends.python.framing import MessageChannel
 from kernel.backends.python.metrics_client import handle_ops as _handle_metric_ops
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput, check_correlation_id
+from kernel.core.request import InferRequest, InferResponse, RequestedOutput, check_correlation_id
 
 log = logging.getLogger("kernel.python")
 
@@ -75,6 +76,7 @@ class WorkerInstance(BackendInstance):
         )
         self._arena.on_new_segment = self._announce_segment
         self._peer = PeerArena()
+        self._views = ArenaViews(self._arena, self._peer, self._send_release)  # outputs: views, no copy
         self._pending: dict[int, InferRequest] = {}
         self._input_regions: dict[int, list[tuple[int, int]]] = {}
         self._bls_calls: dict[int, InferRequest] = {}
@@ -214,6 +216,7 @@ class WorkerInstance(BackendInstance):
 
     def _release_resources(self) -> None:
         self._ages.close()
+        self._views.close()
         self._arena.close()
         self._peer.close()
         if self._fd_sock is not None:
@@ -384,35 +387,38 @@ class WorkerInstance(BackendInstance):
     def _on_responses(self, responses: list[messages.Response]) -> None:
         source = self.source
         version = str(source.version)
-        release = []
+        views = self._views
         for r in responses:
             request = self._pending.get(r.key)
             if request is None:
                 continue
             if r.final:
                 del self._pending[r.key]
-                for seg, off in self._input_regions.pop(r.key, ()):
-                    self._arena.free(seg, off)
+                regions = self._input_regions.pop(r.key, None)
             else:
+                regions = self._input_regions.get(r.key)
                 self._ages.progressed(r.key)
+            error = KernelError(ErrorCode[r.error.code], r.error.message) if r.error is not None else None
             if r.reschedule:
+                views.free_inputs(regions if r.final else None)
                 self._reschedule(request)
                 continue
-            if r.error is not None:
-                response = InferResponse(
-                    source.name, version, request.id,
-                    error=KernelError(ErrorCode[r.error.code], r.error.message), final=r.final,
-                )
+            if error is None:
+                try:  # views of the arenas, not copies: an output may be a view of these very inputs
+                    outputs = [views.unpack(t, regions) for t in r.outputs]
+                except ValueError as exc:
+                    error = KernelError(ErrorCode.INTERNAL, f"the model's worker sent a bad tensor location: {exc}")
+            if r.final:
+                views.free_inputs(regions)  # after the outputs pinned what they show of them
+            if error is not None:
+                response = InferResponse(source.name, version, request.id, error=error, final=r.final)
             else:
-                outputs = [self._unpack(t, release) for t in r.outputs]
                 params = msgspec.json.decode(r.parameters) if r.parameters else None
                 response = InferResponse(source.name, version, request.id, outputs, params, final=r.final)
             try:
                 request.on_response(response)
             except Exception:  # a transport callback must never break the channel
                 log.exception("response callback failed for model '%s'", source.name)
-        if release:
-            self.channel.send(messages.Release(release))
 
     # ---- schedulers and statistics: finished executions, rescheduled requests ----
 
@@ -460,23 +466,17 @@ class WorkerInstance(BackendInstance):
             "configured to handle such a flag.",
         ), self.source)
 
-    def _unpack(self, t: messages.Tensor, release: list) -> InferTensor:
-        if t.data is not None:
-            return InferTensor(t.name, t.datatype, t.shape, raw=t.data)
-        # One copy out of the worker's arena, so the region can be reused at once.
-        raw = bytes(self._peer.view(t.segment, t.offset, t.nbytes))
-        release.append((t.segment, t.offset))
-        return InferTensor(t.name, t.datatype, t.shape, raw=raw)
+    def _send_release(self, regions: list) -> None:
+        """The last view of these regions of the worker's arena is gone (see arena_views.py)."""
+        if self.channel is not None:
+            self.channel.send(messages.Release(regions))
 
     # ---- BLS: the model calls another model through the core ---------------
 
     def _on_bls_request(self, msg: messages.BlsRequest) -> None:
         r = msg.request
         key = r.key
-        release: list = []
-        inputs = [self._unpack(t, release) for t in r.inputs]
-        if release:
-            self.channel.send(messages.Release(release))
+        inputs = [self._views.unpack(t, None) for t in r.inputs]  # views of the worker's arena
         params = msgspec.json.decode(r.parameters) if r.parameters and r.parameters != "{}" else {}
         outputs = [RequestedOutput(n) for n in r.requested_outputs] or None
         request = InferRequest(

@@ -22,6 +22,9 @@ class Tensor(msgspec.Struct, array_like=True, omit_defaults=True):
     segment: int = -1
     offset: int = 0
     nbytes: int = 0
+    # >= 0: the bytes lie in the *receiver's* own arena, inside its allocation at (segment, owner);
+    # a worker's output that is a view of a request's input goes back this way, without a copy.
+    owner: int = -1
 
 
 class Request(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -23,14 +23,17 @@ ERROR_CODE_NAMES = {
 class ResponseSink:
     """Delivers one request's responses to the front process, from any thread."""
 
-    __slots__ = ("worker", "key", "requested", "cancelled", "sender")
+    __slots__ = ("worker", "key", "requested", "cancelled", "sender", "regions")
 
-    def __init__(self, worker, key: int, requested):
+    def __init__(self, worker, key: int, requested, regions=None):
         self.worker = worker
         self.key = key
         self.requested = requested
         self.cancelled = False
         self.sender = None
+        # The request's inputs that live in the front's arena: (start address, end address,
+        # segment, offset) each, so an output that is a view of one goes back as a reference.
+        self.regions = regions
 
     def send(self, response, flags: int) -> None:
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -42,14 +45,27 @@ class ResponseSink:
         return self.cancelled
 
 
-def pack_tensor(tensor, arena) -> messages.Tensor:
-    """A pb_utils.Tensor in message form (inline, or copied into the worker's arena)."""
+def pack_tensor(tensor, arena, regions=None) -> messages.Tensor:
+    """A pb_utils.Tensor in message form (inline, or copied into the worker's arena).
+
+    regions: the request's inputs in the front's arena (ResponseSink.regions). An output
+    that is a view of one of them (an identity model's) is sent as a reference to it, not
+    copied: the front reads it in place from its own arena and keeps that input's region
+    until the transport is done with the response (see arena_views.py).
+    """
     datatype = tensor._datatype
     arr = tensor._array
     if datatype == "BYTES":
         raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
     else:
         arr = np.ascontiguousarray(host_array(arr))
+        nbytes = arr.nbytes
+        if regions is not None and nbytes > wire.INLINE_LIMIT:
+            addr = arr.__array_interface__["data"][0]
+            for start, end, segment, owner in regions:
+                if start <= addr and addr + nbytes <= end:
+                    return messages.Tensor(tensor.name(), datatype, list(arr.shape), None, segment,
+                                           owner + (addr - start), nbytes, owner)
         raw = memoryview(arr).cast("B") if arr.size else b""
     return wire.pack(tensor.name(), datatype, arr.shape, raw, arena)
 
@@ -91,7 +107,7 @@ def response_message(sink: ResponseSink, response, final: bool, arena) -> messag
         for tensor in response.output_tensors():
             if sink.requested is not None and tensor.name() not in sink.requested:
                 continue
-            outputs.append(pack_tensor(tensor, arena))
+            outputs.append(pack_tensor(tensor, arena, sink.regions))
     except Exception as exc:  # noqa: BLE001 - bad output tensors fail this request only
         return messages.Response(sink.key, error=messages.Error("INTERNAL", str(exc)), final=final)
     params = response.parameters()

@@ -35,6 +35,21 @@ def arena_regions(tensors) -> list[tuple[int, int]]:
     return [(t.segment, t.offset) for t in tensors if t.data is None]
 
 
+def arena_inputs(tensors, peer: PeerArena) -> list | None:
+    """Where a request's arena inputs lie in this process: (start address, end address, segment,
+    offset) each, for ResponseSink.regions; None when none is in the arena (the common small case)."""
+    regions = None
+    for t in tensors:
+        if t.data is None:
+            seg = peer.segments.get(t.segment)
+            if seg is not None:
+                start = seg.addr + t.offset
+                if regions is None:
+                    regions = []
+                regions.append((start, start + t.nbytes, t.segment, t.offset))
+    return regions
+
+
 def numeric_array(buffer, dtype: np.dtype, shape, writable: bool) -> np.ndarray:
     if writable and isinstance(buffer, bytes):
         buffer = bytearray(buffer)

@@ -263,7 +263,7 @@ class Worker:
         keys.trace_key = trace_key
         for r in wire_requests:
             requested = r.requested_outputs or None
-            sink = ResponseSink(self, r.key, requested)
+            sink = ResponseSink(self, r.key, requested, wire.arena_inputs(r.inputs, self.peer))
             self.sinks[r.key] = sink
             try:
                 inputs = [self._input_tensor(t) for t in r.inputs]
