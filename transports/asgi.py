@@ -52,13 +52,17 @@ async def send_response(send, status: int, headers, body: bytes) -> None:
 class UvicornListener:
     """One uvicorn server (httptools) for `app`, running in the current event loop."""
 
-    def __init__(self, app, host: str, port: int, what: str, limits: Optional[Http1Limits] = None):
+    def __init__(self, app, host: str, port: int, what: str, limits: Optional[Http1Limits] = None,
+                 protocol: Optional[type] = None):
+        """protocol: the connection class uvicorn builds per connection; by default
+        protocol_with(limits). The KServe front passes its fast path's (kernel.transports.http.fast)."""
         self.app = app
         self.host = host
         self.port = port
         self.what = what  # for the bind error: "HTTP", "metrics", ...
         # Header size and header/body timeouts for every connection (kernel.transports.http_limits).
         self.limits = limits or Http1Limits()
+        self.protocol = protocol
         self._server = None
         self._task: asyncio.Task | None = None
         self._closing: asyncio.Task | None = None
@@ -67,7 +71,7 @@ class UvicornListener:
         import uvicorn
 
         config = uvicorn.Config(
-            self.app, host=self.host, port=self.port, http=protocol_with(self.limits), loop="none",
+            self.app, host=self.host, port=self.port, http=self.protocol or protocol_with(self.limits), loop="none",
             lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=None,
         )
 

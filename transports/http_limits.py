@@ -127,6 +127,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(b"431 Request Header Fields Too Large",
                              b"the request headers exceed %d bytes" % self.limits.max_header_bytes)
                 raise httptools.HttpParserError("request headers too large")
+        self.headers_complete()
+
+    def headers_complete(self) -> None:
+        """A request's headers passed the limits: start it (uvicorn's ASGI cycle).
+
+        A hook rather than code in on_headers_complete so that a subclass (the KServe HTTP
+        fast path, kernel.transports.http.fast) can take some requests itself, after the checks.
+        """
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -136,10 +144,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if self._body_pieces > self.limits.max_body_chunks:
                 self._refuse(b"400 Bad Request", (CHUNKS_MESSAGE % self.limits.max_body_chunks).encode())
                 raise httptools.HttpParserError("too many body chunks")
+        self.body_received(body)
+
+    def body_received(self, body: bytes) -> None:
+        """A piece of the body passed the limits: hand it on (a hook, as headers_complete)."""
         super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._phase = _DONE
+        self.message_complete()
+
+    def message_complete(self) -> None:
+        """The request was read whole (a hook, as headers_complete)."""
         super().on_message_complete()
 
     # ---- the timer ---------------------------------------------------------------

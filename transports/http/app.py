@@ -80,15 +80,8 @@ class HttpApp:
                 await settings.handle_trace(self, "", method, receive, send)
             else:
                 await send_error(send, 404, "Not Found")
-        except KernelError as exc:
-            await send_error(send, status_for(exc), exc.message)
-        except _MethodNotAllowed:
-            await send_error(send, 405, "Method Not Allowed")
-        except RecursionError:  # JSON nested deeper than any decoder here will follow: the client's doing
-            await send_error(send, 400, "failed to parse the request JSON buffer: the JSON is nested too deeply")
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the connection down
-            log.exception("unexpected error handling %s %s", method, path)
-            await send_error(send, 500, f"internal error: {type(exc).__name__}: {exc}")
+            await send_error(send, *error_for(exc, method, path))
 
     async def refused(self, category: Optional[Category], scope, send) -> bool:
         """Answer 403 when the API group is restricted and the request lacks the header.
@@ -184,18 +177,8 @@ class HttpApp:
             trace.stamp("HTTP_RECV_END")
         if encoding and encoding != "identity":
             body = self._decompress(body, encoding)
-        model = self.server.registry.get(name, version)
-        if model.decoupled:  # tritonserver: 501, before the body is parsed
-            raise KernelError(ErrorCode.UNSUPPORTED,
-                              "HTTP end point doesn't support models with decoupled transaction policy")
-        if header_length == 0:  # no JSON at all: the body is the one input's data (tritonserver's raw request)
-            request, binary_default, binary_choice = codec.raw_infer_request(body, model, name, version), False, {}
-        else:
-            request, binary_default, binary_choice = codec.parse_infer_request(
-                body, header_length, name, version, self.server.shared_memory
-            )
-        if self.header_forward is not None:
-            self.header_forward.apply(request, scope["headers"])
+        request, binary_default, binary_choice = self.infer_request(name, version, body, header_length,
+                                                                    scope["headers"])
         request.trace = trace
         future = collect_single_response(request)
         self.server.submit(request)
@@ -220,13 +203,25 @@ class HttpApp:
         # One body message: each ASGI body message is a write (a syscall) of its own, and the
         # parts (often memoryviews) would each be copied to bytes anyway.
         body = b"".join(body_out)
-        headers = [
-            (b"content-type", b"application/octet-stream"),
-            (b"inference-header-content-length", b"%d" % json_length),
-            (b"content-length", b"%d" % len(body)),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.start", "status": 200, "headers": binary_headers(json_length, len(body))})
         await send({"type": "http.response.body", "body": body})
+
+    def infer_request(self, name: str, version: str, body, header_length: Optional[int], headers):
+        """(request, binary outputs by default, per-output choice) for an infer body; both the ASGI
+        route and the fast path (transports/http/fast.py) build requests here, so they agree."""
+        model = self.server.registry.get(name, version)
+        if model.decoupled:  # tritonserver: 501, before the body is parsed
+            raise KernelError(ErrorCode.UNSUPPORTED,
+                              "HTTP end point doesn't support models with decoupled transaction policy")
+        if header_length == 0:  # no JSON at all: the body is the one input's data (tritonserver's raw request)
+            request, binary_default, binary_choice = codec.raw_infer_request(body, model, name, version), False, {}
+        else:
+            request, binary_default, binary_choice = codec.parse_infer_request(
+                body, header_length, name, version, self.server.shared_memory
+            )
+        if self.header_forward is not None:
+            self.header_forward.apply(request, headers)
+        return request, binary_default, binary_choice
 
     async def read_body(self, receive) -> Optional[bytes]:
         """The whole request body, never past --http-max-input-size; None if the client went away."""
@@ -267,5 +262,26 @@ class HttpApp:
 
 class _MethodNotAllowed(Exception):
     pass
+
+
+def error_for(exc: Exception, method: str, path: str) -> tuple[int, str]:
+    """The status and message an exception from a route is answered with (ASGI and fast path alike)."""
+    if isinstance(exc, KernelError):
+        return status_for(exc), exc.message
+    if isinstance(exc, _MethodNotAllowed):
+        return 405, "Method Not Allowed"
+    if isinstance(exc, RecursionError):  # JSON nested deeper than any decoder here will follow: the client's doing
+        return 400, "failed to parse the request JSON buffer: the JSON is nested too deeply"
+    log.exception("unexpected error handling %s %s", method, path, exc_info=exc)
+    return 500, f"internal error: {type(exc).__name__}: {exc}"
+
+
+def binary_headers(json_length: int, body_length: int) -> list:
+    """The headers of an infer response with binary outputs (binary tensor data extension)."""
+    return [
+        (b"content-type", b"application/octet-stream"),
+        (b"inference-header-content-length", b"%d" % json_length),
+        (b"content-length", b"%d" % body_length),
+    ]
 
 

@@ -16,6 +16,7 @@ from kernel.core.transport import Transport
 from kernel.transports.asgi import UvicornListener
 from kernel.transports.http_limits import Http1Limits
 from kernel.transports.http.app import HttpApp
+from kernel.transports.http import fast
 
 log = logging.getLogger("kernel.http")
 
@@ -51,7 +52,9 @@ class HttpTransport(Transport):
         return f"{self.address}:{self.port}"
 
     async def _start_uvicorn(self) -> None:
-        self._uvicorn = UvicornListener(self.app, self.address, self.port, "HTTP", self.limits)
+        # Plain infer requests take the fast path (transports/http/fast.py), the rest the ASGI app.
+        protocol = fast.protocol_for(self.app, self.limits) if fast.ENABLED else None
+        self._uvicorn = UvicornListener(self.app, self.address, self.port, "HTTP", self.limits, protocol)
         await self._uvicorn.start()
 
     async def _start_hypercorn(self) -> None:

@@ -1,0 +1,181 @@
+"""The HTTP front's fast path for infer requests (kernel/transports/http/fast.py, issue 17).
+
+Two real servers on the same models, one with the fast path and one with it off
+(KERNEL_HTTP_FAST_PATH=0: every request through the ASGI app), get the same raw requests
+over sockets; their answers must match byte for byte but for the Date header. Then what the
+fast path must keep: keep-alive, pipelined requests answered in order (mixed with ASGI
+routes), HTTP/1.0 and Connection: close, a client that goes away cancelling its request,
+and the header limit on the infer route.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import struct
+import time
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from conftest import EXAMPLES, TEST_MODELS, KernelProcess, running
+
+
+@pytest.fixture(scope="module")
+def fast():
+    yield from running(KernelProcess([EXAMPLES, TEST_MODELS / "good"], "--http-max-header-size=16384",
+                                     "--http-max-input-size=100000"))
+
+
+@pytest.fixture(scope="module")
+def asgi():
+    env = {**os.environ, "KERNEL_HTTP_FAST_PATH": "0"}
+    yield from running(KernelProcess([EXAMPLES, TEST_MODELS / "good"], "--http-max-header-size=16384",
+                                     "--http-max-input-size=100000", env=env))
+
+
+def read_response(s: socket.socket, buf: bytearray) -> bytes:
+    """One HTTP response from `s` (Content-Length framed), leaving what follows it in `buf`."""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed after {bytes(buf)!r}")
+        buf += chunk
+    head_end = buf.index(b"\r\n\r\n") + 4
+    length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", bytes(buf[:head_end])).group(1))
+    while len(buf) < head_end + length:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed in the body")
+        buf += chunk
+    out = bytes(buf[:head_end + length])
+    del buf[:head_end + length]
+    return out
+
+
+def exchange(port: int, raw: bytes, count: int = 1) -> list[bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(raw)
+        buf = bytearray()
+        return [read_response(s, buf) for _ in range(count)]
+
+
+def undated(response: bytes) -> bytes:
+    return re.sub(rb"\r\ndate: [^\r]*", b"\r\ndate: -", response)
+
+
+def post(path: str, body: bytes, *extra: bytes, version: bytes = b"1.1") -> bytes:
+    head = b"POST %s HTTP/%s\r\nHost: x\r\nContent-Length: %d\r\n" % (path.encode(), version, len(body))
+    return head + b"".join(h + b"\r\n" for h in extra) + b"\r\n" + body
+
+
+def add_sub_json(a=(1, 2, 3, 4), b=(1, 1, 1, 1), **top) -> bytes:
+    doc = {"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": list(a)},
+                      {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": list(b)}], **top}
+    return json.dumps(doc).encode()
+
+
+def add_sub_binary(binary_out: bool) -> tuple[bytes, bytes]:
+    doc = {"inputs": [{"name": n, "shape": [4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}
+                      for n in ("INPUT0", "INPUT1")],
+           "parameters": {"binary_data_output": binary_out}, "id": "req-7"}
+    header = json.dumps(doc).encode()
+    data = struct.pack("<4f", 1, 2, 3, 4) + struct.pack("<4f", 0.5, 0.5, 0.5, 0.5)
+    return header + data, b"Inference-Header-Content-Length: %d" % len(header)
+
+
+def cases() -> dict[str, bytes]:
+    binary_body, binary_len = add_sub_binary(True)
+    json_out_body, json_out_len = add_sub_binary(False)
+    big = np.arange(20000, dtype=np.float32).tobytes()  # arrives in several reads
+    big_header = json.dumps({"inputs": [{"name": "IN_FP32", "shape": [20000], "datatype": "FP32",
+                                         "parameters": {"binary_data_size": len(big)}}]}).encode()
+    return {
+        "json": post("/v2/models/add_sub/infer", add_sub_json(id="a1")),
+        "version": post("/v2/models/add_sub/versions/1/infer", add_sub_json()),
+        "binary_in_out": post("/v2/models/add_sub/infer", binary_body, binary_len),
+        "binary_in_json_out": post("/v2/models/add_sub/infer", json_out_body, json_out_len),
+        "big_binary": post("/v2/models/dtype_echo/infer", big_header + big,
+                           b"Inference-Header-Content-Length: %d" % len(big_header)),
+        "raw_body": post("/v2/models/dtype_echo/infer", b"", b"Inference-Header-Content-Length: 0"),
+        "http10": post("/v2/models/add_sub/infer", add_sub_json(), version=b"1.0"),
+        "close": post("/v2/models/add_sub/infer", add_sub_json(), b"Connection: close"),
+        "unknown_model": post("/v2/models/nope/infer", add_sub_json()),
+        "unknown_version": post("/v2/models/add_sub/versions/9/infer", add_sub_json()),
+        "not_json": post("/v2/models/add_sub/infer", b"{not json"),
+        "wrong_shape": post("/v2/models/add_sub/infer", add_sub_json(a=(1, 2))),
+        "bad_header_length": post("/v2/models/add_sub/infer", add_sub_json(), b"Inference-Header-Content-Length: 9999"),
+        "decoupled": post("/v2/models/repeat_int32/infer", add_sub_json()),
+        "model_error": post("/v2/models/error_response/infer", json.dumps(
+            {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode()),
+        "model_raises": post("/v2/models/raises/infer", json.dumps(
+            {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}]}).encode()),
+        "too_large": post("/v2/models/add_sub/infer", b" " * 100001),
+        "empty": post("/v2/models/add_sub/infer", b""),
+        "get_infer": b"GET /v2/models/add_sub/infer HTTP/1.1\r\nHost: x\r\n\r\n",
+    }
+
+
+@pytest.mark.parametrize("case", sorted(cases()))
+def test_fast_path_answers_byte_for_byte_as_asgi(fast, asgi, case):
+    raw = cases()[case]
+    got, want = exchange(fast.http_port, raw)[0], exchange(asgi.http_port, raw)[0]
+    assert undated(got) == undated(want)
+
+
+def test_pipelined_requests_are_answered_in_order(fast):
+    health = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    raw = b"".join([post("/v2/models/add_sub/infer", add_sub_json(a=(i, 0, 0, 0), id=f"p{i}")) if i % 3 else health
+                    for i in range(1, 10)])
+    answers = exchange(fast.http_port, raw, 9)
+    for i, answer in zip(range(1, 10), answers):
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        if i % 3:
+            doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+            assert doc["id"] == f"p{i}" and doc["outputs"][0]["data"][0] == i + 1
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(fast):
+    client = httpclient.InferenceServerClient(fast.url, concurrency=1)
+    a = np.arange(4, dtype=np.float32)
+    for i in range(50):
+        inputs = [httpclient.InferInput(n, [4], "FP32") for n in ("INPUT0", "INPUT1")]
+        inputs[0].set_data_from_numpy(a + i, binary_data=bool(i % 2))
+        inputs[1].set_data_from_numpy(a, binary_data=True)
+        result = client.infer("add_sub", inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + i + a)
+    client.close()
+
+
+def test_http10_and_connection_close_close_the_connection(fast):
+    for raw in (cases()["http10"], cases()["close"]):
+        with socket.create_connection(("127.0.0.1", fast.http_port), timeout=30) as s:
+            s.sendall(raw)
+            buf = bytearray()
+            answer = read_response(s, buf)
+            assert answer.startswith(b"HTTP/1.1 200") and b"\r\nconnection: close\r\n" in answer
+            assert s.recv(10) == b""
+
+
+def test_client_going_away_cancels_its_request(fast):
+    tag = f"fast-disconnect-{time.time()}"
+    data = tag.encode()
+    body = json.dumps({"inputs": [{"name": "TAG", "shape": [1], "datatype": "BYTES", "data": [tag]}]}).encode()
+    assert data in body
+    s = socket.create_connection(("127.0.0.1", fast.http_port), timeout=30)
+    s.sendall(post("/v2/models/cancel_watcher/infer", body))
+    time.sleep(0.5)  # the request is in the model
+    s.close()
+    assert fast.wait_for_log(f"cancel_watcher saw cancellation of {tag}", timeout=10)
+
+
+def test_header_limit_holds_on_the_infer_route(fast):
+    raw = post("/v2/models/add_sub/infer", add_sub_json(), b"X-Big: " + b"a" * 20000)
+    with socket.create_connection(("127.0.0.1", fast.http_port), timeout=30) as s:
+        s.sendall(raw)
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 431"), answer
+    assert exchange(fast.http_port, cases()["json"])[0].startswith(b"HTTP/1.1 200")

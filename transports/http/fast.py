@@ -1,0 +1,289 @@
+"""The KServe HTTP front's fast path: plain infer requests answered by the connection itself.
+
+Why: at concurrency 1 uvicorn's per-request machinery (the ASGI scope, a RequestResponseCycle,
+a task per request, two ASGI send messages, a DisconnectWatch) was over a third of the front's
+Python time (benchmarks/results/latency_budget.md, issue 17). A request that is
+`POST /v2/models/<m>[/versions/<v>]/infer` with a Content-Length body and nothing unusual is
+taken here, in the parser's callbacks: its body is gathered in one buffer sized from
+Content-Length, it goes to the same HttpApp.infer_request -> server.submit -> codec encode the
+ASGI route uses, and its answer leaves in one write (binary outputs as their own buffers,
+never joined into one). The connection's own connection_lost cancels its in-flight request:
+no watcher object, task or timer per request.
+
+Everything else goes through ASGI unchanged, and so does an infer request that is unusual:
+Content-Encoding, Transfer-Encoding, Expect, Upgrade, an invalid
+Inference-Header-Content-Length, a body over --http-max-input-size, a percent-encoded or
+query-carrying URL, restricted APIs (--http-restricted-api), tracing on, a request pipelined
+behind one still being answered, or a client not reading its answers (write buffer full).
+Answers are byte for byte what the ASGI route writes (tests/transports/test_http_fast.py).
+The limits of kernel.transports.http_limits hold here as well: this class is a
+LimitedHttpToolsProtocol and takes requests only after its header checks, and its body
+timer sees the fast request as an unanswered cycle.
+
+KERNEL_HTTP_FAST_PATH=0 in the environment turns the fast path off (every request through
+ASGI): for comparing the two.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+from kernel.core.errors import KernelError
+from kernel.core.request import collect_single_response
+from kernel.transports.asgi import status_for
+from kernel.transports.http import codec
+from kernel.transports.http.app import HttpApp, binary_headers, error_for
+from kernel.transports.http_limits import Http1Limits, LimitedHttpToolsProtocol
+
+ENABLED = os.environ.get("KERNEL_HTTP_FAST_PATH", "1") != "0"
+
+# The route, on the raw URL: a name of visible ASCII without '/', '?', '%' or '#'; a version of digits.
+_INFER = re.compile(rb"/v2/models/([^/?%#\x00-\x20\x7f-\xff]+)(?:/versions/([0-9]+))?/infer")
+# Request headers that send a request to the ASGI route (the fast path does not handle them).
+_UNUSUAL = frozenset((b"content-encoding", b"transfer-encoding", b"expect", b"upgrade"))
+_JSON_TYPE = b"content-type: application/json\r\ncontent-length: "
+_CLOSE = b"connection: close\r\n"
+
+
+class _NoEvent:
+    """Stands in for a cycle's message_event: uvicorn sets it on disconnect; nothing waits on it here."""
+
+    __slots__ = ()
+
+    def set(self) -> None:
+        pass
+
+
+_NO_EVENT = _NoEvent()
+
+
+class FastCycle:
+    """One fast request; as uvicorn's RequestResponseCycle where uvicorn and the limits look at it."""
+
+    __slots__ = ("name", "version", "header_length", "length", "body", "filled", "keep_alive", "reading",
+                 "response_started", "response_complete", "disconnected", "request")
+    message_event = _NO_EVENT
+
+    def __init__(self, name: str, version: str, header_length: Optional[int], length: int, keep_alive: bool):
+        self.name = name
+        self.version = version
+        self.header_length = header_length
+        self.length = length
+        self.body = None  # bytes (arrived in one piece) or a bytearray of `length` being filled
+        self.filled = 0
+        self.keep_alive = keep_alive
+        self.reading = True  # until the body is whole (a request pipelined behind is uvicorn's again)
+        self.response_started = False
+        self.response_complete = False
+        self.disconnected = False
+        self.request = None
+
+
+class _DefaultHeaders:
+    """uvicorn's default headers (date, server) as bytes, rebuilt when uvicorn replaces them (each second)."""
+
+    __slots__ = ("source", "text")
+
+    def __init__(self) -> None:
+        self.source = None
+        self.text = b""
+
+    def get(self, headers: list) -> bytes:
+        if headers is not self.source:
+            self.text = b"".join(name.lower() + b": " + value + b"\r\n" for name, value in headers)
+            self.source = headers
+        return self.text
+
+
+_DEFAULTS = _DefaultHeaders()
+
+
+class FastInferProtocol(LimitedHttpToolsProtocol):
+    """A LimitedHttpToolsProtocol that answers plain infer requests itself; `app` set by protocol_for."""
+
+    app_fast: HttpApp
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fast: Optional[FastCycle] = None  # the fast request being read or answered
+
+    # ---- choosing -------------------------------------------------------------------
+
+    def headers_complete(self) -> None:
+        cycle = self._fast_cycle()
+        if cycle is None:
+            super().headers_complete()
+            return
+        self.fast = self.cycle = cycle  # uvicorn and the limits look at self.cycle
+
+    def _fast_cycle(self) -> Optional[FastCycle]:
+        """A FastCycle for this request, or None to send it through ASGI."""
+        parser = self.parser
+        if parser.get_method() != b"POST":
+            return None
+        match = _INFER.fullmatch(self.url)
+        if match is None:
+            return None
+        app = self.app_fast
+        if app.restricted is not None or app.tracer.active:
+            return None
+        previous = self.cycle
+        if (previous is not None and not previous.response_complete) or self.pipeline or self.flow.write_paused:
+            return None  # pipelined behind an answer still due: uvicorn's queue keeps the order
+        length = 0
+        header_length = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"inference-header-content-length":
+                try:
+                    header_length = codec.header_length(value)
+                except KernelError:
+                    return None
+            elif name in _UNUSUAL:
+                return None
+        if length > app.max_input_size:
+            return None
+        version = match.group(2)
+        http_version = parser.get_http_version()
+        if http_version != "1.1":
+            self.scope["http_version"] = http_version
+        self.scope["method"] = "POST"
+        return FastCycle(match.group(1).decode("ascii"), version.decode("ascii") if version else "",
+                         header_length, length, http_version != "1.0" and parser.should_keep_alive())
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def body_received(self, body: bytes) -> None:
+        cycle = self.cycle
+        if type(cycle) is not FastCycle or not cycle.reading:
+            super().body_received(body)
+            return
+        # One buffer sized from Content-Length; a body that came in one piece is kept as it is.
+        size = len(body)
+        if cycle.body is None and size == cycle.length:
+            cycle.body = body
+            cycle.filled = size
+            return
+        if cycle.body is None:
+            cycle.body = bytearray(cycle.length)
+        start = cycle.filled
+        cycle.body[start:start + size] = body
+        cycle.filled = start + size
+
+    def message_complete(self) -> None:
+        cycle = self.cycle
+        if type(cycle) is not FastCycle or not cycle.reading:
+            super().message_complete()
+            return
+        cycle.reading = False
+        app = self.app_fast
+        body = cycle.body
+        if body is None:
+            body = b""
+        elif type(body) is bytearray:
+            body = memoryview(body)
+        try:
+            request, binary_default, binary_choice = app.infer_request(
+                cycle.name, cycle.version, body, cycle.header_length, self.headers)
+            future = collect_single_response(request)
+            app.server.submit(request)
+        except Exception as exc:  # noqa: BLE001 - answered as the ASGI route answers it
+            self._error(cycle, exc)
+            return
+        cycle.body = None
+        cycle.request = request
+        future.add_done_callback(lambda f: self._answer(cycle, f, binary_default, binary_choice))
+
+    # ---- answering --------------------------------------------------------------------
+
+    def _answer(self, cycle: FastCycle, future, binary_default, binary_choice) -> None:
+        if cycle.disconnected or future.cancelled():
+            return  # the client went away; connection_lost cancelled the request
+        response = future.result()
+        if response.error is not None:
+            self._write(cycle, status_for(response.error), codec.error_body(response.error.message))
+            return
+        try:
+            body, json_length = codec.encode_infer_response(response, binary_default, binary_choice)
+        except Exception as exc:  # noqa: BLE001
+            self._error(cycle, exc)
+            return
+        if json_length is None:
+            self._write(cycle, 200, body)
+            return
+        size = 0
+        for part in body:
+            size += len(part)
+        head = self._head(cycle, 200, binary_headers(json_length, size))
+        body[0] = head + body[0]
+        self._finish(cycle, body)
+
+    def _error(self, cycle: FastCycle, exc: Exception) -> None:
+        status, message = error_for(exc, "POST", self._path())
+        self._write(cycle, status, codec.error_body(message))
+
+    def _write(self, cycle: FastCycle, status: int, body: bytes) -> None:
+        """A JSON answer, as asgi.send_response writes it through uvicorn."""
+        head = STATUS_LINE[status] + _DEFAULTS.get(self.server_state.default_headers) + _JSON_TYPE
+        self._finish(cycle, [head + b"%d\r\n%s\r\n" % (len(body), b"" if cycle.keep_alive else _CLOSE) + body],
+                     status)
+
+    def _head(self, cycle: FastCycle, status: int, headers: list) -> bytes:
+        parts = [STATUS_LINE[status], _DEFAULTS.get(self.server_state.default_headers)]
+        for name, value in headers:
+            parts += (name, b": ", value, b"\r\n")
+        if not cycle.keep_alive:
+            parts.append(_CLOSE)
+        parts.append(b"\r\n")
+        return b"".join(parts)
+
+    def _finish(self, cycle: FastCycle, parts: list, status: int = 200) -> None:
+        cycle.response_started = True
+        cycle.request = None
+        transport = self.transport
+        if self.access_log:
+            self._path()
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(self.scope), "POST",
+                                    get_path_with_query_string(self.scope), self.scope["http_version"], status)
+        if len(parts) == 1:
+            transport.write(parts[0])
+        else:
+            transport.writelines(parts)  # binary outputs as their own buffers: no join, no copy
+        cycle.response_complete = True
+        if self.fast is cycle:
+            self.fast = None
+        if not cycle.keep_alive:
+            transport.close()
+        self.on_response_complete()
+
+    def _path(self) -> str:
+        """The request's path, put in its scope only when something reads it (errors, the access log)."""
+        scope = self.scope
+        if "path" not in scope:
+            scope["path"] = self.root_path + self.url.decode("ascii")
+            scope["raw_path"] = self.root_path.encode("ascii") + self.url
+            scope["query_string"] = b""
+        return scope["path"]
+
+    # ---- the connection -----------------------------------------------------------------
+
+    def connection_lost(self, exc) -> None:
+        cycle = self.fast
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            request = cycle.request
+            if request is not None:
+                request.cancel()  # the model sees is_cancelled(), as with the ASGI route's watcher
+        self.fast = None
+        super().connection_lost(exc)
+
+
+def protocol_for(app: HttpApp, limits: Http1Limits) -> type:
+    """The connection class for the KServe HTTP front: the fast path on `app`, within `limits`."""
+    return type("FastInferProtocol", (FastInferProtocol,), {"limits": limits, "app_fast": app})
