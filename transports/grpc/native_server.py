@@ -46,6 +46,9 @@ log = logging.getLogger("kernel.grpc")
 UNARY = 0
 INFER = 1
 STREAM = 2
+# ModelInfer requests this large have their raw_input_contents taken out as views of the
+# message (codec.split_raw_inputs) instead of being copied by protobuf.
+SPLIT_RAW_INPUTS = 64 * 1024
 
 
 
@@ -66,7 +69,7 @@ class GrpcStream(Stream):
     __slots__ = (
         "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
         "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
-        "reserved",
+        "reserved", "raws",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
@@ -90,6 +93,7 @@ class GrpcStream(Stream):
         self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read
         self.call = None  # the decoded request of a unary call, between its end of input and its start
         self.reserved = 0  # the size of its partial message, counted in the connection's `reserved`
+        self.raws = None  # the raw_input_contents of a large ModelInfer request, split off its message
 
 
 class GrpcConnection(Http2Connection):
@@ -175,7 +179,8 @@ class GrpcConnection(Http2Connection):
             s.have += len(chunk)
             if s.have < s.need:
                 return
-            buf = b"".join(s.parts)
+            # The one copy of a request message spread over reads (the pieces are views of them).
+            buf = memoryview(b"".join(s.parts))
             s.parts = []
             if s.reserved:
                 self._release(s)
@@ -307,8 +312,14 @@ class GrpcConnection(Http2Connection):
         if len(s.messages) != 1:
             self._finish(s, codec.INTERNAL, f"a unary call takes exactly one request message, got {len(s.messages)}")
             return
+        data = s.messages[0]
+        split = codec.split_raw_inputs(data) if s.kind == INFER and len(data) >= SPLIT_RAW_INPUTS else None
         try:
-            msg = s.req_type.FromString(s.messages[0])
+            if split is not None:
+                msg = s.req_type.FromString(split[0])
+                s.raws = split[1]
+            else:
+                msg = s.req_type.FromString(data)
         except DecodeError:
             self._finish(s, codec.INTERNAL, PARSE_ERROR)
             return
@@ -345,8 +356,9 @@ class GrpcConnection(Http2Connection):
                 s.trace.stamp("GRPC_WAITREAD_START", s.started_ns)
                 s.trace.stamp("GRPC_WAITREAD_END")
         try:
+            raws, s.raws = s.raws, None
             request = self.service.start_infer(
-                msg, lambda response: self._infer_done(s, response), s.trace, s.metadata
+                msg, lambda response: self._infer_done(s, response), s.trace, s.metadata, raws
             )
             if not s.closed and s.trailers is None:  # (unless it was answered on the spot)
                 s.request = request

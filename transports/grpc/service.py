@@ -216,13 +216,15 @@ class InferenceService:
         codec.check_version(version)
         return self.server.model(name, version)
 
-    def start_infer(self, msg, on_done: Callable[[InferResponse], None], trace=None, metadata=None) -> InferRequest:
+    def start_infer(self, msg, on_done: Callable[[InferResponse], None], trace=None, metadata=None,
+                    raws=None) -> InferRequest:
         """Validate and submit a ModelInfer request; `on_done` gets its one response.
 
         Raises KernelError when the request is refused. The returned core
         request is what to cancel if the client goes away first. `trace`: the
         call's kernel.observe.trace.Trace when it was sampled (the caller releases it).
         `metadata`: the call's client metadata, given only when headers are forwarded.
+        `raws`: the raw_input_contents, when they were split off the message (codec.split_raw_inputs).
         """
         model = self._lookup(msg.model_name, msg.model_version)
         if model.decoupled:
@@ -230,7 +232,7 @@ class InferenceService:
                 ErrorCode.UNSUPPORTED,
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             )
-        request, _ = codec.parse_infer_request(msg, self.server.shared_memory)
+        request, _ = codec.parse_infer_request(msg, self.server.shared_memory, raws)
         if metadata is not None:
             self.header_forward.apply_metadata(request, metadata)
         request.on_response = _once(on_done)

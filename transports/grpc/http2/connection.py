@@ -29,8 +29,9 @@ from kernel.transports.grpc.http2.frames import (
     FLAG_END_STREAM, FLAG_PADDED, FLAG_PRIORITY, FLOW_CONTROL_ERROR, FRAME_HEADER, FRAME_SIZE_ERROR, GOAWAY,
     GOAWAY_PAYLOAD, HEADERS, MAX_WINDOW, NO_ERROR, PING, PREFACE, PROTOCOL_ERROR, PUSH_PROMISE, REFUSED_STREAM,
     RST_STREAM, SETTING, SETTINGS, SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS,
-    SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE, STREAM_CLOSED, U32, WINDOW_UPDATE, frame,
+    SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE, STREAM_CLOSED, U32, WINDOW_UPDATE, ProtocolError, frame,
 )
+from kernel.transports.grpc.http2.data_input import WINDOW_UPDATE_DIVISOR, DataInputMixin
 from kernel.transports.grpc.http2.headers import HeaderError, HeaderReader
 from kernel.transports.grpc.http2.limits import Http2Limits, PingPolicy, RateLimit
 from kernel.transports.grpc.http2.output import OutputMixin
@@ -67,16 +68,7 @@ class Stream:
         self.headers_sent = False
 
 
-class ProtocolError(Exception):
-    """A connection error: answered with GOAWAY carrying `code`, then the connection closes."""
-
-    def __init__(self, code: int, message: str, debug: bytes = b""):
-        super().__init__(message)
-        self.code = code
-        self.debug = debug
-
-
-class Http2Connection(OutputMixin, asyncio.Protocol):
+class Http2Connection(DataInputMixin, OutputMixin, asyncio.Protocol):
     """Server side of one HTTP/2 connection; the subclass supplies the `on_*` hooks."""
 
     stream_type = Stream
@@ -102,6 +94,11 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
         self.recv_window = self.limits.initial_window  # after the WINDOW_UPDATE sent with SETTINGS
         self.reading_paused = False
         self.granting: list = []  # streams owed a WINDOW_UPDATE at the end of this read
+        # A DATA frame whose payload is still arriving: its payload goes to the stream as it
+        # comes (views of each read), never gathered into `partial` first.
+        self.data_left = 0  # payload bytes of it still to come
+        self.data_flags = 0
+        self.data_stream: Optional[Stream] = None  # None: the payload is dropped (stream gone)
         # flood policing
         self.pings = PingPolicy(self.limits)
         self.sent_data = False  # DATA or HEADERS went out since the last ping arrived
@@ -210,8 +207,12 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.failed:
             return  # a connection error was answered with GOAWAY: nothing more is read
+        pos = 0
         partial = self.partial
-        if partial is not None:
+        if self.data_left:
+            pos = self._data_payload(data, 0, len(data))
+            buf = data
+        elif partial is not None:
             partial += data
             if len(partial) < self.partial_need:
                 return
@@ -219,7 +220,6 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
             self.partial = None
         else:
             buf = data
-        pos = 0
         end = len(buf)
         if not self.preface_seen:
             if end < 24:
@@ -239,16 +239,20 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
                 hi, lo, kind, flags, stream_id = unpack(buf, pos)
                 length = (hi << 8) | lo
                 start = pos + 9
-                if end - start < length:
-                    if length > self.limits.max_frame_size:
-                        raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
-                    break
-                pos = start + length
                 stream_id &= 0x7FFFFFFF
                 if self.headers.block is not None and kind != CONTINUATION:
                     raise ProtocolError(PROTOCOL_ERROR, "expected a CONTINUATION frame")
                 if not self.settings_seen and kind != SETTINGS:
                     raise ProtocolError(PROTOCOL_ERROR, "the connection preface must start with SETTINGS")
+                if end - start < length:
+                    if length > self.limits.max_frame_size:
+                        raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
+                    if kind == DATA and not flags & FLAG_PADDED:
+                        # Its payload is handed on as it arrives (what a large message is made of).
+                        self._data_start(stream_id, flags, length)
+                        pos = self._data_payload(buf, start, end)
+                    break
+                pos = start + length
                 if kind == DATA:
                     self._on_data(stream_id, flags, buf, start, pos)
                 elif kind == HEADERS:
@@ -287,7 +291,7 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
                 self.partial_need = 9
         if self.granting:
             self._grant_streams()
-        if self.recv_unacked >= self.limits.initial_window // 2:
+        if self.recv_unacked >= self.limits.initial_window // WINDOW_UPDATE_DIVISOR:
             self.write(frame(WINDOW_UPDATE, 0, 0, U32.pack(self.recv_unacked)))
             self.recv_window += self.recv_unacked
             self.recv_unacked = 0
@@ -297,52 +301,6 @@ class Http2Connection(OutputMixin, asyncio.Protocol):
                 # The client is not reading what it is sent: stop reading what it sends.
                 self.reading_paused = True
                 transport.pause_reading()
-
-    def _grant_streams(self) -> None:
-        """Window updates for what streams received in this read: a client sending past what it
-        was granted (more than a window in one read) is caught rather than granted more."""
-        granting, self.granting = self.granting, []
-        for s in granting:
-            if not s.closed and not s.remote_closed and s.recv_unacked:
-                self.write(frame(WINDOW_UPDATE, 0, s.id, U32.pack(s.recv_unacked)))
-                s.recv_window += s.recv_unacked
-                s.recv_unacked = 0
-
-    def _on_data(self, stream_id: int, flags: int, buf, start: int, stop: int) -> None:
-        size = stop - start
-        self.recv_unacked += size
-        self.recv_window -= size
-        if self.recv_window < 0:
-            raise ProtocolError(FLOW_CONTROL_ERROR, "DATA beyond the connection's flow-control window")
-        if flags & FLAG_PADDED:
-            if size < 1:
-                raise ProtocolError(PROTOCOL_ERROR, "bad padding")
-            pad = buf[start]
-            start += 1
-            stop -= pad
-            if stop < start:
-                raise ProtocolError(PROTOCOL_ERROR, "bad padding")
-        s = self.streams.get(stream_id)
-        if s is None:
-            if stream_id == 0 or stream_id > self.last_stream_id:
-                raise ProtocolError(PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # a stream already closed (and reset): the data is dropped, its window counted above
-        if s.remote_closed:
-            self._stream_error(s, STREAM_CLOSED)  # DATA after END_STREAM
-            return
-        s.recv_window -= size
-        if s.recv_window < 0:
-            self._stream_error(s, FLOW_CONTROL_ERROR)
-            return
-        s.recv_unacked += size
-        if start < stop:
-            self.on_body(s, buf[start:stop])
-        elif not flags & FLAG_END_STREAM and not self.idle_frames.allow():
-            raise ProtocolError(ENHANCE_YOUR_CALM, "flood of empty DATA frames", b"flood")  # CVE-2019-9518
-        if flags & FLAG_END_STREAM:
-            self.remote_end(s)
-        elif s.recv_unacked >= self.limits.initial_window // 2 and not s.closed and s not in self.granting:
-            self.granting.append(s)  # its WINDOW_UPDATE goes out once this read is handled
 
     def _on_headers(self, stream_id: int, flags: int, payload: bytes) -> None:
         if stream_id == 0:

@@ -48,6 +48,15 @@ SETTING = struct.Struct(">HL")
 GOAWAY_PAYLOAD = struct.Struct(">LL")
 
 
+class ProtocolError(Exception):
+    """A connection error: answered with GOAWAY carrying `code`, then the connection closes."""
+
+    def __init__(self, code: int, message: str, debug: bytes = b""):
+        super().__init__(message)
+        self.code = code
+        self.debug = debug
+
+
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
     n = len(payload)
     return FRAME_HEADER.pack(n >> 8, n & 0xFF, kind, flags, stream_id) + payload
