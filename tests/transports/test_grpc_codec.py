@@ -175,3 +175,47 @@ def test_status_mapping_is_tritons():
         "UNKNOWN": 2, "INTERNAL": 13, "NOT_FOUND": 5, "INVALID_ARG": 3, "UNAVAILABLE": 14,
         "UNSUPPORTED": 12, "ALREADY_EXISTS": 6, "CANCELLED": 1,
     }
+
+
+def _big_request():
+    I = pb.ModelInferRequest.InferInputTensor
+    msg = pb.ModelInferRequest(
+        model_name="m", model_version="2", id="req-1",
+        inputs=[I(name="A", datatype="FP32", shape=[3]), I(name="B", datatype="BYTES", shape=[1]),
+                I(name="C", datatype="UINT8", shape=[200_000])],
+        outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="OUT")],
+        raw_input_contents=[np.arange(3, dtype=np.float32).tobytes(), b"\x02\x00\x00\x00hi", bytes(range(256)) * 781 + b"x" * 64],
+    )
+    msg.parameters["priority"].uint64_param = 3
+    return msg
+
+
+def test_split_raw_inputs_gives_views_and_the_same_message_without_them():
+    msg = _big_request()
+    data = msg.SerializeToString()
+    rest, raws = codec.split_raw_inputs(memoryview(data))
+    assert [bytes(r) for r in raws] == list(msg.raw_input_contents)
+    assert all(isinstance(r, memoryview) for r in raws)
+    parsed = pb.ModelInferRequest.FromString(rest)
+    expected = pb.ModelInferRequest()
+    expected.CopyFrom(msg)
+    del expected.raw_input_contents[:]
+    assert parsed == expected
+    request, _ = codec.parse_infer_request(parsed, None, raws)
+    assert [bytes(t.raw) for t in request.inputs] == list(msg.raw_input_contents)
+    assert request.id == "req-1" and [t.name for t in request.inputs] == ["A", "B", "C"]
+
+
+@pytest.mark.parametrize("cut", [1, 7, -1, -5])
+def test_split_raw_inputs_refuses_a_truncated_message(cut):
+    data = _big_request().SerializeToString()
+    # cut inside a field: the caller parses it whole and gets protobuf's own error
+    assert codec.split_raw_inputs(data[:cut]) is None
+
+
+def test_split_raw_inputs_keeps_other_wire_types_and_unknown_fields():
+    data = _big_request().SerializeToString() + b"\xa0\x06\x05" + b"\xad\x06\x01\x02\x03\x04"  # fields 100, 101
+    rest, raws = codec.split_raw_inputs(data)
+    assert len(raws) == 3
+    assert rest.endswith(b"\xa0\x06\x05\xad\x06\x01\x02\x03\x04")
+    assert codec.split_raw_inputs(data + b"\x3b") is None  # field 7 with wire type 3 (a group): not ours

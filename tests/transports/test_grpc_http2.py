@@ -208,6 +208,62 @@ def test_flow_control_with_a_tiny_client_window(server):
         c.close()
 
 
+def test_large_message_in_frames_split_across_reads_with_window_updates(server):
+    """A 20 MB request, more than the 16 MiB window the server grants at first: sent in 1 MiB DATA
+    frames (the server's SETTINGS_MAX_FRAME_SIZE), some written in pieces so that a frame's payload
+    arrives over several reads, one padded, and never past the windows the server has granted.
+    The echo must be exact: the payload goes to the message as views of each read."""
+    c = RawClient(server.grpc_port, settings=[(0x4, 16 << 20), (0x5, 1 << 20)])
+    try:
+        c.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", (16 << 20) - 65535)))
+        settings = None
+        while settings is None:
+            kind, flags, sid, payload = c.read_frame()
+            if kind == SETTINGS and not flags & ACK:
+                settings = dict(struct.unpack(">HL", payload[i : i + 6]) for i in range(0, len(payload), 6))
+        max_frame, window = settings[0x5], settings[0x4]
+        assert max_frame >= 1 << 20 and window >= 16 << 20
+        conn_window = stream_window = window  # the server's connection WINDOW_UPDATE follows its SETTINGS
+        data = np.random.default_rng(7).random(5_000_000, dtype=np.float32)
+        I = tc_pb.ModelInferRequest.InferInputTensor
+        request = tc_pb.ModelInferRequest(model_name="dtype_echo", inputs=[I(name="IN_FP32", datatype="FP32",
+                                          shape=[len(data)])], raw_input_contents=[data.tobytes()])
+        body = grpc_message(request)
+        c.send(frame(HEADERS, END_HEADERS, 1, c.headers_block(INFER)))
+        pos = n = 0
+        while pos < len(body):
+            chunk = body[pos : pos + max_frame - 8]
+            pos += len(chunk)
+            padded = n == 3
+            size = len(chunk) + (8 if padded else 0)
+            while min(conn_window, stream_window) < size:  # wait for credit
+                kind, flags, sid, payload = c.read_frame()
+                if kind == WINDOW_UPDATE:
+                    inc = struct.unpack(">L", payload)[0]
+                    if sid == 0:
+                        conn_window += inc
+                    else:
+                        stream_window += inc
+            payload = bytes([7]) + chunk + b"\0" * 7 if padded else chunk
+            f = frame(DATA, (END_STREAM if pos == len(body) else 0) | (PADDED if padded else 0), 1, payload)
+            if n % 4 == 1:  # in pieces: the frame's payload arrives over several reads
+                for i in range(0, len(f), 300_000):
+                    c.send(f[i : i + 300_000])
+                    time.sleep(0.005)
+            else:
+                c.send(f)
+            conn_window -= size
+            stream_window -= size
+            n += 1
+        assert n > 16
+        headers, payloads, trailers = c.call(1, timeout=60)
+        assert trailers["grpc-status"] == "0"
+        reply = tc_pb.ModelInferResponse.FromString(_messages(payloads)[0])
+        assert reply.raw_output_contents[0] == data.tobytes()
+    finally:
+        c.close()
+
+
 def test_http_level_refusals(raw):
     raw.request(1, LIVE, b"", method="GET")
     headers, _, _ = raw.call(1)
