@@ -103,6 +103,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         elif self._timer is None:
             self._arm(self.limits.header_timeout_s if phase == _HEADERS else self.limits.body_timeout_s)
 
+    def read_past_parser(self) -> None:
+        """Body bytes were read into a buffer without going through data_received (the fast
+        path's direct body reads): the body's clock restarts as it does for any read."""
+        self._last_read = self.loop.time()
+
     # ---- parser callbacks -------------------------------------------------------
 
     def on_message_begin(self) -> None:
@@ -114,6 +119,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY
+        # A timer still set for the headers (the connection's first request) would let a body pause
+        # for the header timeout, not the body's: the read's end re-arms it for the body if needed.
+        self._disarm()
         self._body_pieces = 0
         chunked = False
         for name, value in self.headers:  # names are lower case already (uvicorn's on_header)

@@ -27,14 +27,14 @@ from conftest import EXAMPLES, TEST_MODELS, KernelProcess, running
 @pytest.fixture(scope="module")
 def fast():
     yield from running(KernelProcess([EXAMPLES, TEST_MODELS / "good"], "--http-max-header-size=16384",
-                                     "--http-max-input-size=100000"))
+                                     "--http-max-input-size=100000", "--http-body-timeout-secs=2"))
 
 
 @pytest.fixture(scope="module")
 def asgi():
     env = {**os.environ, "KERNEL_HTTP_FAST_PATH": "0"}
     yield from running(KernelProcess([EXAMPLES, TEST_MODELS / "good"], "--http-max-header-size=16384",
-                                     "--http-max-input-size=100000", env=env))
+                                     "--http-max-input-size=100000", "--http-body-timeout-secs=2", env=env))
 
 
 def read_response(s: socket.socket, buf: bytearray) -> bytes:
@@ -179,3 +179,32 @@ def test_header_limit_holds_on_the_infer_route(fast):
         answer = s.recv(4096)
     assert answer.startswith(b"HTTP/1.1 431"), answer
     assert exchange(fast.http_port, cases()["json"])[0].startswith(b"HTTP/1.1 200")
+
+
+def test_large_body_read_past_the_parser_then_more_requests(fast):
+    """A body of 64 KiB or more is read straight into its buffer; the requests after it on the
+    connection (pipelined in the same write, or sent later in pieces) are still parsed right."""
+    big, small = cases()["big_binary"], cases()["json"]
+    want_big, want_small = (undated(a) for a in exchange(fast.http_port, big + small, 2))
+    assert want_big.startswith(b"HTTP/1.1 200") and want_small.startswith(b"HTTP/1.1 200")
+    with socket.create_connection(("127.0.0.1", fast.http_port), timeout=30) as s:
+        buf = bytearray()
+        for _ in range(3):
+            for i in range(0, len(big), 7000):  # many reads, one of them carrying the next request's start
+                s.sendall(big[i:i + 7000])
+                time.sleep(0.002)
+            assert undated(read_response(s, buf)) == want_big
+            s.sendall(small[:20])
+            time.sleep(0.01)
+            s.sendall(small[20:])
+            assert undated(read_response(s, buf)) == want_small
+
+
+def test_large_body_that_stops_is_cut_with_408(fast):
+    big = cases()["big_binary"]
+    with socket.create_connection(("127.0.0.1", fast.http_port), timeout=30) as s:
+        s.sendall(big[:len(big) // 2])
+        start = time.monotonic()
+        answer = s.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert time.monotonic() - start < 10

@@ -22,14 +22,25 @@ timer sees the fast request as an unanswered cycle.
 
 KERNEL_HTTP_FAST_PATH=0 in the environment turns the fast path off (every request through
 ASGI): for comparing the two.
+
+Large bodies are read straight into their buffer: the connection is an asyncio
+BufferedProtocol, and once a fast request's headers are in and its body is 64 KiB or more,
+get_buffer hands the event loop the rest of that body's buffer, so the socket's bytes
+land in the request's buffer with no copy in user space (neither uvloop's bytes object nor
+httptools' on_body piece). The parser does not see those bytes; a fresh parser takes the
+connection's next request. Everything else is read into one shared buffer and fed to
+httptools as before.
 """
 
 from __future__ import annotations
 
+import asyncio
+import mmap
 import os
 import re
 from typing import Optional
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
@@ -48,6 +59,10 @@ _INFER = re.compile(rb"/v2/models/([^/?%#\x00-\x20\x7f-\xff]+)(?:/versions/([0-9
 _UNUSUAL = frozenset((b"content-encoding", b"transfer-encoding", b"expect", b"upgrade"))
 _JSON_TYPE = b"content-type: application/json\r\ncontent-length: "
 _CLOSE = b"connection: close\r\n"
+# Bodies this large are read straight into their buffer (below it they come with the headers anyway).
+DIRECT_BODY_BYTES = 64 * 1024
+# Where everything else is read; fed to the parser at once, and the parser keeps no reference to it.
+_READ_BUFFER = memoryview(bytearray(256 * 1024))
 
 
 class _NoEvent:
@@ -74,7 +89,7 @@ class FastCycle:
         self.version = version
         self.header_length = header_length
         self.length = length
-        self.body = None  # bytes (arrived in one piece) or a bytearray of `length` being filled
+        self.body = None  # bytes (arrived in one piece) or a memoryview of `length` bytes being filled
         self.filled = 0
         self.keep_alive = keep_alive
         self.reading = True  # until the body is whole (a request pipelined behind is uvicorn's again)
@@ -103,7 +118,7 @@ class _DefaultHeaders:
 _DEFAULTS = _DefaultHeaders()
 
 
-class FastInferProtocol(LimitedHttpToolsProtocol):
+class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
     """A LimitedHttpToolsProtocol that answers plain infer requests itself; `app` set by protocol_for."""
 
     app_fast: HttpApp
@@ -111,6 +126,31 @@ class FastInferProtocol(LimitedHttpToolsProtocol):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fast: Optional[FastCycle] = None  # the fast request being read or answered
+        self.direct: Optional[FastCycle] = None  # the fast request whose body is read past the parser
+
+    # ---- reads (asyncio.BufferedProtocol) ---------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        cycle = self.direct
+        if cycle is None:
+            return _READ_BUFFER
+        return cycle.body[cycle.filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        cycle = self.direct
+        if cycle is None:
+            self.data_received(_READ_BUFFER[:nbytes])
+            return
+        self.read_past_parser()
+        cycle.filled += nbytes
+        if cycle.filled < cycle.length:
+            return
+        # The old parser still waits for the body it never saw: the next request gets a fresh one.
+        self.direct = None
+        parser = httptools.HttpRequestParser(self)
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn sets it
+        self.parser = parser
+        self.on_message_complete()
 
     # ---- choosing -------------------------------------------------------------------
 
@@ -120,6 +160,11 @@ class FastInferProtocol(LimitedHttpToolsProtocol):
             super().headers_complete()
             return
         self.fast = self.cycle = cycle  # uvicorn and the limits look at self.cycle
+        if cycle.length >= DIRECT_BODY_BYTES:
+            # Anonymous memory, not a bytearray: no zero-filling pass over it, and pages are taken
+            # only as the body arrives (a client announcing a large body and sending none holds none).
+            cycle.body = memoryview(mmap.mmap(-1, cycle.length))
+            self.direct = cycle  # once this read is parsed, the rest of the body goes straight in
 
     def _fast_cycle(self) -> Optional[FastCycle]:
         """A FastCycle for this request, or None to send it through ASGI."""
@@ -171,7 +216,7 @@ class FastInferProtocol(LimitedHttpToolsProtocol):
             cycle.filled = size
             return
         if cycle.body is None:
-            cycle.body = bytearray(cycle.length)
+            cycle.body = memoryview(bytearray(cycle.length))
         start = cycle.filled
         cycle.body[start:start + size] = body
         cycle.filled = start + size
@@ -182,12 +227,11 @@ class FastInferProtocol(LimitedHttpToolsProtocol):
             super().message_complete()
             return
         cycle.reading = False
+        self.direct = None
         app = self.app_fast
         body = cycle.body
         if body is None:
             body = b""
-        elif type(body) is bytearray:
-            body = memoryview(body)
         try:
             request, binary_default, binary_choice = app.infer_request(
                 cycle.name, cycle.version, body, cycle.header_length, self.headers)
@@ -280,7 +324,7 @@ class FastInferProtocol(LimitedHttpToolsProtocol):
             request = cycle.request
             if request is not None:
                 request.cancel()  # the model sees is_cancelled(), as with the ASGI route's watcher
-        self.fast = None
+        self.fast = self.direct = None
         super().connection_lost(exc)
 
 
