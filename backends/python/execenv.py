@@ -40,6 +40,7 @@ from typing import Optional
 
 from kernel.backends.python import envarchive
 from kernel.backends.python.envboot import SPEC_VARIABLE
+from kernel.backends.python.standby import BOOT
 from kernel.core.backend import ModelSource
 from kernel.core.errors import ErrorCode, KernelError
 
@@ -56,13 +57,9 @@ _ENVBOOT = str(Path(__file__).resolve().with_name("envboot.py"))
 # backends/ folder (see pyproject's package-dir), so the folders are read from the packages themselves.
 _OWN_PACKAGES = ("kernel", "kernel.backends", "triton_python_backend_utils")
 
-# `python -c` rather than `python -m`: -m puts the current directory first on sys.path, where a
-# `kernel.py` or a `backends/` folder of the user's would shadow Kernel's own modules. This drops
-# that entry ('' for -c) before anything is imported, then runs the module as __main__.
-_BOOT = (
-    "import runpy, sys; del sys.path[0]; name = sys.argv[1]; sys.argv = [name] + sys.argv[2:]; "
-    "runpy.run_module(name, run_name='__main__', alter_sys=True)"
-)
+# The boot string (`python -c`, the current directory dropped from sys.path) lives in standby.py,
+# which the front imports before anything else.
+_BOOT = BOOT
 
 
 def _own_package_folders() -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Optional
 
 import msgspec
 
-from kernel.backends.python import messages, wire
+from kernel.backends.python import messages, standby, wire
 from kernel.backends.python.age_watch import AgeWatch
 from kernel.backends.python.arena import Arena, PeerArena
 from kernel.backends.python.arena_views import ArenaViews
@@ -102,28 +102,11 @@ class WorkerInstance(BackendInstance):
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        front, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        fd_front, fd_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        cmd, env = (self.command or server_command()).module(
-            "kernel.backends.python.worker",
-            "--channel-fd",
-            str(worker.fileno()),
-            "--fd-channel-fd",
-            str(fd_worker.fileno()),
-            "--model-file",
-            str(self.model_file),
-            "--instance-name",
-            self.name,
-            "--shm-default-byte-size",
-            str(self.settings.shm_default_byte_size),
-            "--shm-growth-byte-size",
-            str(self.settings.shm_growth_byte_size),
-        )
-        self.process = await asyncio.create_subprocess_exec(
-            *cmd, pass_fds=(worker.fileno(), fd_worker.fileno()), env=env
-        )
-        worker.close()
-        fd_worker.close()
+        self.process, front, fd_front = await standby.start_worker(self.command or server_command(), [
+            "--model-file", str(self.model_file), "--instance-name", self.name,
+            "--shm-default-byte-size", str(self.settings.shm_default_byte_size),
+            "--shm-growth-byte-size", str(self.settings.shm_growth_byte_size),
+        ])  # fmt: skip
         self._fd_sock = fd_front
         self._started = loop.create_future()
         self._ready = loop.create_future()

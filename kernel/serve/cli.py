@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import importlib.util
 import logging
 import os
@@ -23,10 +22,6 @@ from typing import Optional
 
 from kernel.observe import log as server_log
 from kernel.transports.restrictions import RestrictionError, Restrictions
-from kernel.core.cache import CacheConfigError, create_cache
-from kernel.core.server import Server, ServerOptions, StartupError
-from kernel.core.transport import TransportStartError
-from kernel.serve.compose import compose_server
 from kernel.serve.flags import (
     FLAG_GROUPS, FLAG_KINDS, HELP_GROUPS, HelpFormatter, KernelArgumentParser, choice, flag_adder,
     parse_backend_setting, parse_bool, parse_float, parse_int, parse_int64, parse_int_text, parse_metrics_setting,
@@ -34,7 +29,11 @@ from kernel.serve.flags import (
 )
 from kernel import __version__
 from kernel.observe.log import LOG_FORMATS, LogSettings
-from kernel.observe.trace_settings import TraceConfigError, config_from_flags
+from kernel.serve.startup import expected_workers, service_failure
+
+# The server itself (kernel.core.server, the config and loading code, numpy, protobuf) is imported
+# by the functions that use it, not here: `main` first starts the standby workers
+# (backends/python/standby.py), so that they do their imports while the front does its own.
 
 log = logging.getLogger("kernel.core.server")
 
@@ -279,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_ports(args) -> None:
     """Refuse endpoint ports that collide, or that fall outside --sagemaker-safe-port-range."""
+    from kernel.core.server import StartupError
+
     services = []  # (name, address, port, allowed range for the others or None)
     if args.allow_http:
         services.append(("HTTP", args.http_address, args.http_port, None))
@@ -312,6 +313,8 @@ def check_ports(args) -> None:
 
 
 def _repository_paths(args) -> list[str]:
+    from kernel.core.server import StartupError
+
     if args.model_repository:
         return list(args.model_repository)
     storage = os.environ.get("AIP_STORAGE_URI", "")
@@ -322,6 +325,8 @@ def _repository_paths(args) -> list[str]:
 
 
 def _check_local(path: str) -> None:
+    from kernel.core.server import StartupError
+
     scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", path)
     if scheme:
         where = " (from AIP_STORAGE_URI)" if path == os.environ.get("AIP_STORAGE_URI") else ""
@@ -343,6 +348,9 @@ def _parse_metrics_config(values: list[str]) -> dict[str, str]:
 def _parse_cache_config(values: list[str], byte_size: Optional[int]) -> dict[str, dict[str, str]]:
     """--cache-config <cache name>,<setting>=<value> (repeatable) and the deprecated
     --response-cache-byte-size, as tritonserver reads them; raises StartupError for what it refuses."""
+    from kernel.core.cache import CacheConfigError, create_cache
+    from kernel.core.server import StartupError
+
     out: dict[str, dict[str, str]] = {}
     for item in values:
         name, _, setting = item.partition(",")
@@ -375,13 +383,16 @@ def _check_model_control(args) -> str:
     return ""
 
 
-def build_server(args) -> Server:
+def build_server(args) -> "Server":
     """The server `kernel serve` flags describe: backends, core, and the transports the flags turn on.
 
     Transports are imported only when turned on (start-up time); the imports are written out so the
     arrows from composition to each transport and backend stay visible.
     """
     from kernel.backends.python import PythonBackend
+    from kernel.core.server import ServerOptions, StartupError
+    from kernel.observe.trace_settings import TraceConfigError, config_from_flags
+    from kernel.serve.compose import compose_server
     from kernel.transports.http_limits import Http1Limits
 
     paths = _repository_paths(args)
@@ -487,26 +498,22 @@ def build_server(args) -> Server:
     return server
 
 
-# tritonserver's name of each service in its "failed to start <name> service: ..." line.
-SERVICE_NAMES = {"HTTPService": "HTTP", "GRPCInferenceService": "GRPC", "Metrics Service": "Metrics",
-                 "Sagemaker HTTPService": "Sagemaker", "Vertex AI HTTPService": "Vertex AI"}
-# Why a listening socket could not be made: tritonserver words them all "already in use".
-_BIND_ERRNOS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
-
-
-def service_failure(exc: TransportStartError) -> str:
-    """The one line tritonserver logs when a service cannot start; for a port that cannot be
-    listened on: `failed to start HTTP service: Unavailable - Socket '0.0.0.0:8000' already in use `
-    (its trailing space included, for scripts that match the whole line)."""
-    transport = exc.transport
-    name = SERVICE_NAMES.get(transport.service_name, transport.service_name)
-    address, port = getattr(transport, "address", None), getattr(transport, "port", None)
-    if exc.errno in _BIND_ERRNOS and address is not None:
-        return f"failed to start {name} service: Unavailable - Socket '{address}:{port}' already in use "
-    return f"failed to start {name} service: {exc}"
-
-
 async def serve(args) -> int:
+    from kernel.backends.python import standby
+
+    # First, before the imports below (~0.3 s): the workers the repository will need start now and
+    # import numpy & co. on the other cores while the front imports the server.
+    await standby.prestart(expected_workers(args))
+    try:
+        return await _serve(args)
+    finally:
+        standby.release()
+
+
+async def _serve(args) -> int:
+    from kernel.backends.python import standby
+    from kernel.core.server import StartupError
+    from kernel.core.transport import TransportStartError
     from kernel.serve.remote import remote_binding_host
 
     server = build_server(args)
@@ -517,6 +524,7 @@ async def serve(args) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
+        standby.release()  # start-up loading is over: the standbys nobody took exit
         await server.start_transports()
         if remote is not None:
             await remote.start()
@@ -557,7 +565,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         return asyncio.run(serve(args))
     try:
         return uvloop.run(serve(args))
-    except StartupError as exc:
+    except Exception as exc:
+        from kernel.core.server import StartupError
+
+        if not isinstance(exc, StartupError):
+            raise
         log.error("error: creating server: %s", exc)
         return 1
 
