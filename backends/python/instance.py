@@ -27,7 +27,7 @@ from kernel.backends.python.framing import MessageChannel
 from kernel.backends.python.metrics_client import handle_ops as _handle_metric_ops
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.core.request import InferRequest, InferResponse, RequestedOutput, check_correlation_id
+from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput, check_correlation_id
 
 log = logging.getLogger("kernel.python")
 
@@ -388,7 +388,8 @@ class WorkerInstance(BackendInstance):
                 continue
             if error is None:
                 try:  # views of the arenas, not copies: an output may be a view of these very inputs
-                    outputs = [views.unpack(t, regions) for t in r.outputs]
+                    outputs = [InferTensor(t.name, t.datatype, t.shape, raw=t.data) if t.data is not None
+                               else views.unpack(t, regions) for t in r.outputs]
                 except ValueError as exc:
                     error = KernelError(ErrorCode.INTERNAL, f"the model's worker sent a bad tensor location: {exc}")
             if r.final:

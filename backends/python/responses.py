@@ -55,6 +55,9 @@ def pack_tensor(tensor, arena, regions=None) -> messages.Tensor:
     """
     datatype = tensor._datatype
     arr = tensor._array
+    if type(arr) is np.ndarray and arr.ndim and arr.nbytes <= wire.INLINE_LIMIT and datatype != "BYTES":
+        # The common small output: one call to its bytes (any layout), straight into the message.
+        return messages.Tensor(tensor._name, datatype, list(arr.shape), arr.tobytes())
     if datatype == "BYTES":
         raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
     else:

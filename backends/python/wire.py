@@ -11,8 +11,17 @@ import numpy as np
 
 from kernel.backends.python import messages
 from kernel.backends.python.arena import Arena, PeerArena
+from kernel.core import datatypes
 
 INLINE_LIMIT = 64 * 1024
+
+# Numeric wire datatypes -> the numpy dtype a model sees (BF16: its raw bits as uint16), one dict
+# look-up per input tensor instead of a call chain.
+NUMERIC_DTYPES = {
+    name: np.dtype(datatypes.datatype_to_numpy(name))
+    for name in ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64")
+}
+NUMERIC_DTYPES["BF16"] = np.dtype(np.uint16)
 
 
 def pack(name: str, datatype: str, shape, raw, arena: Arena) -> messages.Tensor:

@@ -247,6 +247,11 @@ class Worker:
     # ---- requests --------------------------------------------------------
 
     def _input_tensor(self, t: messages.Tensor):
+        dtype = wire.NUMERIC_DTYPES.get(t.datatype)
+        if dtype is not None:  # the common case, without the general path's calls
+            data = t.data
+            buffer = bytearray(data) if data is not None else self.peer.view(t.segment, t.offset, t.nbytes)
+            return pb_utils.Tensor._wrap(t.name, np.frombuffer(buffer, dtype).reshape(t.shape), t.datatype)
         buffer = wire.view(t, self.peer)
         if t.datatype == "BYTES":
             count = datatypes.element_count(t.shape)
@@ -273,17 +278,9 @@ class Worker:
                     keys.failed_early.append(r.arrival_ns)
                 continue
             sink.sender = pb_utils.InferenceResponseSender(sink, self.decoupled, requested)
-            request = pb_utils.InferenceRequest._server_side(
-                inputs=inputs,
-                request_id=r.request_id,
-                correlation_id=r.correlation_id,
-                flags=r.flags,
-                requested_output_names=r.requested_outputs or self.output_names,
-                parameters_json=r.parameters,
-                model_name=self.model_name,
-                model_version=self.model_version,
-                response_sender=sink.sender,
-                cancel_check=sink.is_cancelled,
+            request = pb_utils.InferenceRequest._server_side(  # positional: keywords cost per request
+                inputs, r.request_id, r.correlation_id, r.flags, r.requested_outputs or self.output_names,
+                r.parameters, self.model_name, self.model_version, sink.sender, sink.is_cancelled,
             )
             requests.append(request)
             keys.append(r.key)
@@ -426,14 +423,13 @@ class Worker:
         return f"Failed to process the request(s) for model '{self.instance_name}', message: "
 
     def _finish(self, keys, result, exc) -> None:
-        sinks = [self.sinks[k] for k in keys if k in self.sinks]
         if exc is not None:
             message = (
                 f"Failed to process the request(s) for model '{self.instance_name}', "
                 f"message: {format_exception(exc)}"
             )
             log.error("%s", message)
-            self._fail_open(sinks, message)
+            self._fail_open(keys, message)
             return
         if result is None:
             # Responses go (or went) through the response senders.
@@ -441,17 +437,17 @@ class Worker:
             return
         if self.decoupled:
             self._fail_open(
-                sinks,
+                keys,
                 f"Python model '{self.instance_name}' is using the decoupled mode and the "
                 "execute function must return None.",
             )
             return
         if not isinstance(result, list):
-            self._fail_open(sinks, f"{self._failed_prefix()}Expected a list in the execute return, found type '{type(result)}'.")
+            self._fail_open(keys, f"{self._failed_prefix()}Expected a list in the execute return, found type '{type(result)}'.")
             return
         if len(result) != len(keys):
             self._fail_open(
-                sinks,
+                keys,
                 f"{self._failed_prefix()}Number of InferenceResponse objects do not match the number of InferenceRequest "
                 f"objects. InferenceRequest(s) size is:{len(keys)}, and InferenceResponse(s) size is:{len(result)}\n",
             )
@@ -481,9 +477,9 @@ class Worker:
                 continue
             self.send_response(sink, response, True)
 
-    def _fail_open(self, sinks, message: str) -> None:
+    def _fail_open(self, keys, message: str) -> None:
         """Fail every request whose response sender is still open."""
-        for sink in sinks:
+        for sink in [self.sinks[k] for k in keys if k in self.sinks]:
             if not sink.sender._is_closed():
                 sink.sender._close()
                 self.send_error(sink, "INTERNAL", message)
