@@ -514,10 +514,12 @@ async def _serve(args) -> int:
     from kernel.backends.python import standby
     from kernel.core.server import StartupError
     from kernel.core.transport import TransportStartError
-    from kernel.serve.remote import remote_binding_host
-
     server = build_server(args)
-    remote = remote_binding_host(server, args)  # None unless --allow-remote-binding=true
+    remote = None
+    if args.allow_remote_binding:  # PyTriton's remote binding (the callable backend, msgspec, protobuf)
+        from kernel.serve.remote import remote_binding_host
+
+        remote = remote_binding_host(server, args)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
