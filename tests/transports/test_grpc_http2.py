@@ -264,6 +264,38 @@ def test_large_message_in_frames_split_across_reads_with_window_updates(server):
         c.close()
 
 
+def _echo_request(data):
+    I = tc_pb.ModelInferRequest.InferInputTensor
+    return tc_pb.ModelInferRequest(model_name="dtype_echo", inputs=[I(name="IN_FP32", datatype="FP32",
+                                   shape=[len(data)])], raw_input_contents=[data.tobytes()])
+
+
+def test_large_compressed_message_read_in_place_and_a_body_ending_inside_one(raw):
+    """A 1.6 MB gzip message (read into a buffer of its own, then inflated), a second call on
+    the same connection whose body ends half-way through such a message (INTERNAL), and a third
+    that is reset half-way: the connection goes on serving."""
+    data = np.random.default_rng(3).random(400_000, dtype=np.float32)
+    body = gzip.compress(tc_pb.ModelInferRequest.SerializeToString(_echo_request(data)))
+    message = b"\x01" + struct.pack(">L", len(body)) + body
+    raw.send(frame(HEADERS, END_HEADERS, 1, raw.headers_block(INFER, [("grpc-encoding", "gzip")])))
+    for i in range(0, len(message), 16384):
+        raw.send(frame(DATA, END_STREAM if i + 16384 >= len(message) else 0, 1, message[i : i + 16384]))
+    headers, payloads, trailers = raw.call(1, timeout=30)
+    assert trailers["grpc-status"] == "0"
+    assert tc_pb.ModelInferResponse.FromString(_messages(payloads)[0]).raw_output_contents[0] == data.tobytes()
+    half = grpc_message(_echo_request(data))[:800_000]
+    raw.send(frame(HEADERS, END_HEADERS, 3, raw.headers_block(INFER)))
+    raw.send(frame(DATA, 0, 3, half[:16384]) + frame(DATA, END_STREAM, 3, half[16384:32768]))
+    headers, _, trailers = raw.call(3)
+    assert (trailers or headers)["grpc-status"] == "13"
+    assert "ended inside a message" in (trailers or headers)["grpc-message"]
+    raw.send(frame(HEADERS, END_HEADERS, 5, raw.headers_block(INFER)))
+    raw.send(frame(DATA, 0, 5, half[:16384]) + frame(RST_STREAM, 0, 5, struct.pack(">L", 8)))
+    raw.request(7, LIVE, grpc_message(tc_pb.ServerLiveRequest()))
+    _, payloads, trailers = raw.call(7)
+    assert trailers["grpc-status"] == "0" and tc_pb.ServerLiveResponse.FromString(_messages(payloads)[0]).live
+
+
 def test_http_level_refusals(raw):
     raw.request(1, LIVE, b"", method="GET")
     headers, _, _ = raw.call(1)

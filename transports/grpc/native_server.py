@@ -23,7 +23,6 @@ import inspect
 import logging
 import ssl
 import time
-import zlib
 from typing import Optional
 
 from google.protobuf.message import DecodeError
@@ -32,8 +31,10 @@ from kernel.core.errors import KernelError
 from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec
 from kernel.transports.grpc.http2.connection import Http2Connection, Stream
+from kernel.transports.grpc.http2.data_input import RECV_BUFFER
 from kernel.transports.grpc.http2.frames import FLAG_END_HEADERS, HEADERS, U32, frame, literal
 from kernel.transports.grpc.http2.limits import Http2Limits
+from kernel.transports.grpc.message_input import MessageInputMixin
 from kernel.transports.grpc.metadata import client_metadata
 from kernel.transports.grpc.wire import PARSE_ERROR, RESPONSE_HEADERS, TRAILERS_OK, parse_timeout, status_block
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
@@ -69,7 +70,7 @@ class GrpcStream(Stream):
     __slots__ = (
         "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
         "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
-        "reserved", "raws",
+        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
@@ -94,9 +95,12 @@ class GrpcStream(Stream):
         self.call = None  # the decoded request of a unary call, between its end of input and its start
         self.reserved = 0  # the size of its partial message, counted in the connection's `reserved`
         self.raws = None  # the raw_input_contents of a large ModelInfer request, split off its message
+        self.msg_view = None  # the buffer a large request message is being read into
+        self.msg_filled = 0  # bytes of it read so far
+        self.msg_compressed = 0
 
 
-class GrpcConnection(Http2Connection):
+class GrpcConnection(MessageInputMixin, Http2Connection):
     """GRPCInferenceService calls over one HTTP/2 connection."""
 
     stream_type = GrpcStream
@@ -173,107 +177,6 @@ class GrpcConnection(Http2Connection):
 
     # ---- one call --------------------------------------------------------------
 
-    def on_body(self, s: GrpcStream, chunk: bytes) -> None:
-        if s.parts:
-            s.parts.append(chunk)
-            s.have += len(chunk)
-            if s.have < s.need:
-                return
-            # The one copy of a request message spread over reads (the pieces are views of them).
-            buf = memoryview(b"".join(s.parts))
-            s.parts = []
-            if s.reserved:
-                self._release(s)
-        else:
-            buf = chunk
-        pos = 0
-        n = len(buf)
-        while n - pos >= 5:
-            length = U32.unpack_from(buf, pos + 1)[0]
-            if length > self.max_message_size:
-                # Refused from its length prefix, before any of it is buffered.
-                self._too_large(s, length, self.max_message_size)
-                return
-            if n - pos - 5 < length:
-                break
-            compressed = buf[pos]
-            message = buf[pos + 5 : pos + 5 + length] if (pos or n != 5 + length) else buf[5:]
-            pos += 5 + length
-            if compressed:
-                message = self._decompress(s, message)
-                if message is None:
-                    return
-            self._on_message(s, message)
-            if s.closed or s.trailers is not None:
-                return
-        if pos < n:
-            rest = buf[pos:]
-            s.parts = [rest]
-            s.have = len(rest)
-            if len(rest) < 5:
-                s.need = 5
-                return
-            s.need = need = 5 + U32.unpack_from(rest, 1)[0]
-            # What the partial messages of all calls on this connection may hold: past the
-            # limit a call is refused, unless it is the only one (one message may always reach
-            # max_message_size).
-            if self.reserved and self.reserved + need > self.max_buffered:
-                s.parts = []
-                self._finish(s, codec.RESOURCE_EXHAUSTED,
-                             f"request messages in progress on this connection would hold more than "
-                             f"{self.max_buffered} bytes")
-                return
-            s.reserved = need
-            self.reserved += need
-
-    def _release(self, s: GrpcStream) -> None:
-        self.reserved -= s.reserved
-        s.reserved = 0
-
-    def _decompress(self, s: GrpcStream, message: bytes) -> Optional[bytes]:
-        """The message inflated, never past the limit: a few KB of gzip can expand to gigabytes."""
-        if s.encoding == b"gzip":
-            wbits = 16 + zlib.MAX_WBITS
-        elif s.encoding == b"deflate":
-            wbits = zlib.MAX_WBITS
-        else:
-            self._finish(s, codec.INTERNAL, "compressed message without a grpc-encoding header")
-            return None
-        limit = self.max_decompressed_size
-        parts = []
-        size = 0
-        rest = message
-        try:
-            while True:  # one pass per gzip member
-                inflater = zlib.decompressobj(wbits)
-                part = inflater.decompress(rest, limit + 1 - size)
-                size += len(part)
-                parts.append(part)
-                if size > limit:
-                    self._too_large(s, None, limit)
-                    return None
-                if not inflater.eof:
-                    self._finish(s, codec.INTERNAL, "failed to decompress the request message: incomplete stream")
-                    return None
-                rest = inflater.unused_data
-                if not rest or wbits == zlib.MAX_WBITS:
-                    break
-        except zlib.error as exc:
-            self._finish(s, codec.INTERNAL, f"failed to decompress the request message: {exc}")
-            return None
-        if rest:
-            self._finish(s, codec.INTERNAL, "failed to decompress the request message: data after the stream")
-            return None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _too_large(self, s: GrpcStream, size: Optional[int], limit: int) -> None:
-        # grpc C-core's status and wording for a message over the receive limit.
-        if size is None:
-            message = f"Received message larger than max (decompressed size over {limit})"
-        else:
-            message = f"Received message larger than max ({size} vs. {limit})"
-        self._finish(s, codec.RESOURCE_EXHAUSTED, message)
-
     def _on_message(self, s: GrpcStream, message: bytes) -> None:
         if s.denied is not None:
             self._finish(s, codec.UNAVAILABLE, s.denied)
@@ -302,7 +205,7 @@ class GrpcConnection(Http2Connection):
         if s.denied is not None:
             self._finish(s, codec.UNAVAILABLE, s.denied)
             return
-        if s.parts:
+        if s.parts or s.msg_view is not None:
             self._finish(s, codec.INTERNAL, "the request ended inside a message")
             return
         if s.kind == STREAM:
@@ -497,6 +400,7 @@ class GrpcConnection(Http2Connection):
 
     def on_closed(self, s: GrpcStream) -> None:
         """Stop the call's timer and any work still running."""
+        s.msg_view = None
         if s.reserved:
             self._release(s)
         if s.trace is not None:
@@ -536,6 +440,7 @@ class NativeServer:
         self.max_message_size = getattr(options, "max_message_size", 2**31 - 1)
         self.max_decompressed_size = getattr(options, "max_decompressed_size", 64 * 1024 * 1024)
         self.max_buffered_per_connection = getattr(options, "max_buffered_per_connection", 1 << 30)
+        self.recv_buffer = memoryview(bytearray(RECV_BUFFER))  # shared by the connections (one loop)
 
     async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
         self.loop = asyncio.get_running_loop()

@@ -68,7 +68,7 @@ class Stream:
         self.headers_sent = False
 
 
-class Http2Connection(DataInputMixin, OutputMixin, asyncio.Protocol):
+class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):
     """Server side of one HTTP/2 connection; the subclass supplies the `on_*` hooks."""
 
     stream_type = Stream
@@ -99,6 +99,9 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.Protocol):
         self.data_left = 0  # payload bytes of it still to come
         self.data_flags = 0
         self.data_stream: Optional[Stream] = None  # None: the payload is dropped (stream gone)
+        self.recv_view = server.recv_buffer  # where reads land unless they go straight to a message
+        self.direct = False  # the last get_buffer() handed out a stream's message buffer
+        self.header_next = False  # read only a frame header next (see get_buffer)
         # flood policing
         self.pings = PingPolicy(self.limits)
         self.sent_data = False  # DATA or HEADERS went out since the last ping arrived
@@ -138,6 +141,15 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.Protocol):
 
     def on_input_done(self) -> None:
         """Everything in one read has been handled (frames after a request may have reset it)."""
+
+    def body_target(self, s: Stream, limit: int):
+        """Where the next (at most `limit`) bytes of a stream's body should be read to: a writable
+        memoryview (then `body_filled` follows instead of `on_body`), or None."""
+        return None
+
+    def body_filled(self, s: Stream, n: int) -> None:
+        """n bytes of the stream's body were read into the view `body_target` gave."""
+        raise NotImplementedError
 
     def on_oversized_headers(self, s: Stream, size: int) -> None:
         """A request whose header list is over max_header_list_size: refuse the stream."""
@@ -280,7 +292,6 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.Protocol):
             self.goaway(exc.code, getattr(exc, "debug", b"") or str(exc).encode("ascii", "replace")[:256])
             self.close_soon(LINGER_AFTER_ERROR)
             return
-        self.on_input_done()
         if pos < end:
             rest = bytearray(buf[pos:]) if pos else bytearray(buf)
             self.partial = rest
@@ -289,6 +300,11 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.Protocol):
                 self.partial_need = 9 + ((hi << 8) | lo)
             else:
                 self.partial_need = 9
+        self._read_done()
+
+    def _read_done(self) -> None:
+        """What follows each read: start the calls it completed, grant window, police output."""
+        self.on_input_done()
         if self.granting:
             self._grant_streams()
         if self.recv_unacked >= self.limits.initial_window // WINDOW_UPDATE_DIVISOR:

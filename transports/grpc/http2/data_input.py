@@ -25,8 +25,51 @@ from kernel.transports.grpc.http2.frames import (
 WINDOW_UPDATE_DIVISOR = 4
 
 
+# Size of the buffer reads land in (one per server: each read is handled, and copied out of it
+# where kept, before the next one).
+RECV_BUFFER = 256 * 1024
+
+
 class DataInputMixin:
     """The DATA-reading half of Http2Connection."""
+
+    # ---- asyncio.BufferedProtocol: reads land where they are going
+
+    def get_buffer(self, sizehint: int):
+        if self.data_left:
+            s = self.data_stream
+            if s is not None and not s.closed:
+                target = self.body_target(s, self.data_left)
+                if target is not None:
+                    self.direct = True
+                    return target
+        self.direct = False
+        if self.header_next:
+            # A message is being read in place and its DATA frame just ended: read only the next
+            # frame's header, so that the payload behind it lands in place too.
+            self.header_next = False
+            return self.recv_view[:9]
+        return self.recv_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if not self.direct:
+            # One copy out of the shared buffer, as a plain Protocol's read would have made.
+            self.data_received(self.recv_view[:nbytes].tobytes())
+            return
+        self.direct = False
+        if self.failed:
+            return
+        # A DATA payload read straight into its stream's message: no copy at all.
+        self.recv_unacked += nbytes
+        s = self.data_stream
+        s.recv_unacked += nbytes
+        self.data_left -= nbytes
+        if not s.closed:
+            self.body_filled(s, nbytes)
+        if not self.data_left:
+            self._data_done()
+            self.header_next = not s.closed and self.body_target(s, 1) is not None
+        self._read_done()
 
     def _grant_streams(self) -> None:
         """Window updates for what streams received in this read: a client sending past what it

@@ -1,0 +1,175 @@
+"""How a gRPC call's request messages are cut out of its HTTP/2 body, with as few copies as can be.
+
+A message that arrives whole in one read is a view of that read. One spread
+over reads is either joined once from views of them (small ones) or, from
+DIRECT_MESSAGE bytes on, given a buffer of its own as soon as its 5-byte
+prefix is known, and the connection reads the rest of it from the socket
+straight into that buffer (`body_target` / `body_filled`, the hooks of
+http2/data_input.py): a 16 MiB tensor is not copied at all between the kernel's
+socket buffer and the backend. What partial messages may hold is bounded per
+connection (`reserved`, from the declared sizes), and compressed messages are
+inflated under a limit. Mixed into GrpcConnection.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Optional
+
+import numpy as np
+
+from kernel.transports.grpc import codec
+from kernel.transports.grpc.http2.frames import U32
+
+# Request messages of this size (up to the max) are read straight into a buffer of their own.
+DIRECT_MESSAGE = 256 * 1024
+DIRECT_MESSAGE_MAX = 1 << 30
+
+
+class MessageInputMixin:
+    """The request-message half of GrpcConnection."""
+
+    def on_body(self, s, chunk: bytes) -> None:
+        view = s.msg_view
+        if view is not None:
+            # A large message being read into its own buffer (see _start_message).
+            filled = s.msg_filled
+            k = min(len(chunk), len(view) - filled)
+            view[filled : filled + k] = chunk[:k]
+            self.body_filled(s, k)
+            if k == len(chunk) or s.closed or s.trailers is not None:
+                return
+            chunk = chunk[k:]
+        if s.parts:
+            s.parts.append(chunk)
+            s.have += len(chunk)
+            if s.have < s.need:
+                return
+            # The one copy of a request message spread over reads (the pieces are views of them).
+            buf = memoryview(b"".join(s.parts))
+            s.parts = []
+            if s.reserved:
+                self._release(s)
+        else:
+            buf = chunk
+        pos = 0
+        n = len(buf)
+        while n - pos >= 5:
+            length = U32.unpack_from(buf, pos + 1)[0]
+            if length > self.max_message_size:
+                # Refused from its length prefix, before any of it is buffered.
+                self._too_large(s, length, self.max_message_size)
+                return
+            if n - pos - 5 < length:
+                break
+            compressed = buf[pos]
+            message = buf[pos + 5 : pos + 5 + length] if (pos or n != 5 + length) else buf[5:]
+            pos += 5 + length
+            if compressed:
+                message = self._decompress(s, message)
+                if message is None:
+                    return
+            self._on_message(s, message)
+            if s.closed or s.trailers is not None:
+                return
+        if pos < n:
+            rest = buf[pos:]
+            s.parts = [rest]
+            s.have = len(rest)
+            if len(rest) < 5:
+                s.need = 5
+                return
+            s.need = need = 5 + U32.unpack_from(rest, 1)[0]
+            # What the partial messages of all calls on this connection may hold: past the
+            # limit a call is refused, unless it is the only one (one message may always reach
+            # max_message_size).
+            if self.reserved and self.reserved + need > self.max_buffered:
+                s.parts = []
+                self._finish(s, codec.RESOURCE_EXHAUSTED,
+                             f"request messages in progress on this connection would hold more than "
+                             f"{self.max_buffered} bytes")
+                return
+            s.reserved = need
+            self.reserved += need
+            if DIRECT_MESSAGE <= need <= DIRECT_MESSAGE_MAX:
+                self._start_message(s, rest, need - 5)
+
+    def _start_message(self, s, head, length: int) -> None:
+        """Give a large message its own buffer: the rest of it is read from the socket straight into
+        it (body_target), so it is never copied on its way in. The buffer is numpy.empty: only the
+        pages the client actually sends are ever touched, so a declared size costs no memory."""
+        s.parts = []
+        view = memoryview(np.empty(length, np.uint8))
+        k = len(head) - 5
+        view[:k] = head[5:]
+        s.msg_view = view
+        s.msg_filled = k
+        s.msg_compressed = head[0]
+
+    def body_target(self, s, limit: int):
+        view = s.msg_view
+        if view is None:
+            return None
+        filled = s.msg_filled
+        return view[filled : filled + min(limit, len(view) - filled)]
+
+    def body_filled(self, s, n: int) -> None:
+        s.msg_filled += n
+        view = s.msg_view
+        if s.msg_filled < len(view):
+            return
+        s.msg_view = None
+        self._release(s)
+        if s.msg_compressed:
+            view = self._decompress(s, view)
+            if view is None:
+                return
+        self._on_message(s, view)
+
+    def _release(self, s) -> None:
+        self.reserved -= s.reserved
+        s.reserved = 0
+
+    def _decompress(self, s, message: bytes) -> Optional[bytes]:
+        """The message inflated, never past the limit: a few KB of gzip can expand to gigabytes."""
+        if s.encoding == b"gzip":
+            wbits = 16 + zlib.MAX_WBITS
+        elif s.encoding == b"deflate":
+            wbits = zlib.MAX_WBITS
+        else:
+            self._finish(s, codec.INTERNAL, "compressed message without a grpc-encoding header")
+            return None
+        limit = self.max_decompressed_size
+        parts = []
+        size = 0
+        rest = message
+        try:
+            while True:  # one pass per gzip member
+                inflater = zlib.decompressobj(wbits)
+                part = inflater.decompress(rest, limit + 1 - size)
+                size += len(part)
+                parts.append(part)
+                if size > limit:
+                    self._too_large(s, None, limit)
+                    return None
+                if not inflater.eof:
+                    self._finish(s, codec.INTERNAL, "failed to decompress the request message: incomplete stream")
+                    return None
+                rest = inflater.unused_data
+                if not rest or wbits == zlib.MAX_WBITS:
+                    break
+        except zlib.error as exc:
+            self._finish(s, codec.INTERNAL, f"failed to decompress the request message: {exc}")
+            return None
+        if rest:
+            self._finish(s, codec.INTERNAL, "failed to decompress the request message: data after the stream")
+            return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _too_large(self, s, size: Optional[int], limit: int) -> None:
+        # grpc C-core's status and wording for a message over the receive limit.
+        if size is None:
+            message = f"Received message larger than max (decompressed size over {limit})"
+        else:
+            message = f"Received message larger than max ({size} vs. {limit})"
+        self._finish(s, codec.RESOURCE_EXHAUSTED, message)
