@@ -32,14 +32,10 @@ import re
 import site
 import sys
 import sysconfig
-import tarfile
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from kernel.backends.python import envarchive
-from kernel.backends.python.envboot import SPEC_VARIABLE
 from kernel.backends.python.standby import BOOT
 from kernel.core.backend import ModelSource
 from kernel.core.errors import ErrorCode, KernelError
@@ -221,15 +217,27 @@ class ExecutionEnvironments:
     """Resolves, unpacks (once) and inspects the execution environments models name."""
 
     def __init__(self, cache_dir: Optional[Path] = None):
-        self.cache_dir = Path(os.path.abspath(cache_dir or envarchive.default_cache_dir()))
+        # The archive code (tarfile, hashlib, ...) is imported by the first model that names an
+        # environment, not by every server's start-up.
+        self._cache_dir = Path(os.path.abspath(cache_dir)) if cache_dir else None
         self._unpacking: dict[tuple, asyncio.Future] = {}
         self._probes: dict[tuple, asyncio.Future] = {}
         self._announced: set[tuple[str, str]] = set()
+
+    @property
+    def cache_dir(self) -> Path:
+        if self._cache_dir is None:
+            from kernel.backends.python.envarchive import default_cache_dir
+
+            self._cache_dir = Path(os.path.abspath(default_cache_dir()))
+        return self._cache_dir
 
     async def command_for(self, source: ModelSource) -> WorkerCommand:
         value = _parameter(source.config, PARAMETER)
         if value is None:
             return server_command()
+        from kernel.backends.python.envboot import SPEC_VARIABLE
+
         name = source.name
         path = resolve_path(value, name, source.model_dir)
         env_dir = await self._environment_dir(path, name)
@@ -281,6 +289,11 @@ class ExecutionEnvironments:
             raise KernelError(exc.code, f"model '{model_name}': {exc.message}") from None
 
     async def _unpack(self, archive: Path) -> Path:
+        import tarfile
+        import zlib
+
+        from kernel.backends.python import envarchive
+
         def work() -> tuple[Path, bool]:
             if not tarfile.is_tarfile(archive):
                 raise KernelError(

@@ -173,3 +173,9 @@ def test_front_without_grpc_does_not_import_it(tmp_path):
     modules = _modules_after(code)
     assert "kernel.transports.http" in modules  # the check sees what build_server imports
     assert not {m for m in modules if m.startswith(("kernel.transports.grpc", "grpc"))}
+
+
+def test_python_backend_leaves_the_archive_code_to_models_that_name_an_environment():
+    modules = _modules_after("from kernel.backends.python import PythonBackend\nPythonBackend()")
+    archive = {"tarfile", "kernel.backends.python.envarchive", "kernel.backends.python.envboot"}
+    assert not modules & archive, sorted(modules & archive)
