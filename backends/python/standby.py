@@ -77,12 +77,13 @@ _pool: list[Standby] = []
 _reaping: set = set()
 
 
-def estimate(repositories: list[Path], config_name: str = "") -> int:
+def estimate(repositories: list[Path], config_name: str = "", names: Optional[set[str]] = None) -> int:
     """How many worker processes loading every model of these repositories will start, roughly.
 
     Read from the config text only (no parsing: this runs before the front imports its config
-    code): one per Python model folder, or the sum of its instance groups' counts. Models with
-    their own execution environment, other backends and ensembles start none here.
+    code): one per Python model folder (of `names` only, when given), or the sum of its instance
+    groups' counts. Models with their own execution environment, other backends and ensembles start
+    none here.
     """
     total = 0
     for repo in repositories:
@@ -91,7 +92,7 @@ def estimate(repositories: list[Path], config_name: str = "") -> int:
         except OSError:
             continue
         for entry in entries:
-            if not entry.is_dir() or entry.name.startswith("."):
+            if not entry.is_dir() or entry.name.startswith(".") or (names is not None and entry.name not in names):
                 continue
             text = ""
             for name in ([f"configs/{config_name}.pbtxt"] if config_name else []) + ["config.pbtxt"]:

@@ -33,7 +33,8 @@ def expected_workers(args) -> int:
     """Workers that loading at start-up will start (an estimate from the config files' text)."""
     from kernel.backends.python import standby
 
+    names = None  # every model folder: modes none and poll, or explicit with --load-model=*
     if args.model_control_mode == "explicit" and "*" not in args.load_model:
-        return 0
+        names = set(args.load_model)
     repositories = [Path(p) for p in (args.model_repository or []) if "://" not in p]
-    return standby.estimate(repositories, args.model_config_name or "")
+    return standby.estimate(repositories, args.model_config_name or "", names)

@@ -128,6 +128,8 @@ def test_estimate_reads_the_repository(tmp_path, monkeypatch):
     (tmp_path / "not_a_model.txt").write_text("")
     assert standby.estimate([tmp_path]) == 3 + 1 + 1
     assert standby.estimate([tmp_path / "missing"]) == 0
+    assert standby.estimate([tmp_path], names={"a", "ens"}) == 3
+    assert standby.estimate([tmp_path], names=set()) == 0
     for i in range(40):
         make_model(tmp_path, f"many_{i}")
     assert standby.estimate([tmp_path]) == 8
@@ -154,12 +156,20 @@ def test_cli_imports_nothing_of_the_server():
     assert not modules & heavy, sorted(modules & heavy)
 
 
-def test_explicit_mode_with_nothing_to_load_starts_no_standby(tmp_path):
-    make_model(tmp_path, "idle", source=SLOW_MODEL.replace("time.sleep(0.5)", "pass"))
+def test_explicit_mode_starts_standbys_for_the_models_it_loads_only(tmp_path):
+    for name in ("idle", "wanted"):
+        make_model(tmp_path, name, source=SLOW_MODEL.replace("time.sleep(0.5)", "pass"))
     k = KernelProcess([tmp_path], "--model-control-mode", "explicit")
     try:
         k.wait_ready()
         assert children(k.proc.pid) == []
+    finally:
+        k.stop()
+    k = KernelProcess([tmp_path], "--model-control-mode", "explicit", "--load-model", "wanted")
+    try:
+        k.wait_until_ok(["/v2/health/ready", "/v2/models/wanted/ready"])
+        workers = [cmdline(p) for p in children(k.proc.pid)]
+        assert len(workers) == 1 and "kernel.backends.python.standby" in workers[0], workers
     finally:
         k.stop()
 
