@@ -105,7 +105,10 @@ class ArenaViews:
         if threading.get_ident() == self._loop_thread:
             entry[1](entry[2])
         else:  # dropped by another thread (a garbage collection there): the loop owns the arenas
-            self._loop.call_soon_threadsafe(entry[1], entry[2])
+            try:
+                self._loop.call_soon_threadsafe(entry[1], entry[2])
+            except RuntimeError:  # the loop is closed: the server is gone, and the arenas with it
+                pass
 
     def _unpin(self, region) -> None:
         left = self._pins[region] - 1

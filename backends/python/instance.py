@@ -258,13 +258,20 @@ class WorkerInstance(BackendInstance):
         packed: list[list] = []  # per request, its inputs as packed so far (arena regions to free on failure)
         traced = None
         trace_key = 0
+        arena = self._arena
+        in_arena = False  # some input went to the arena: its regions are tracked below
         try:
             for request in requests:
                 check_correlation_id(request.correlation_id)
                 inputs = []
                 packed.append(inputs)
                 for t in request.inputs:
-                    inputs.append(wire.pack(t.name, t.datatype, t.shape, t.raw, self._arena))
+                    raw = t.raw
+                    if len(raw) <= wire.INLINE_LIMIT:  # inline, as wire.pack does, minus its copy: msgspec
+                        inputs.append(messages.Tensor(t.name, t.datatype, t.shape, raw))  # encodes any bytes-like
+                    else:
+                        inputs.append(wire.pack(t.name, t.datatype, t.shape, raw, arena))
+                        in_arena = True
                 key = next(self._keys)
                 keys.append(key)
                 outputs = [o.name for o in request.outputs] if request.outputs else []
@@ -292,9 +299,10 @@ class WorkerInstance(BackendInstance):
         # Sent: from here on the worker owns these requests until their final responses.
         for key, request, inputs in zip(keys, requests, packed):
             self._pending[key] = request
-            regions = wire.arena_regions(inputs)
-            if regions:
-                self._input_regions[key] = regions
+            if in_arena:
+                regions = wire.arena_regions(inputs)
+                if regions:
+                    self._input_regions[key] = regions
             request.add_cancel_callback(functools.partial(self._send_cancel, key))
         if traced is not None:
             for trace in traced:
