@@ -61,6 +61,8 @@ class Standby:
             view = memoryview(data)
             while view:  # far below a pipe's buffer: one write in practice
                 view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            pass  # it died meanwhile: its exit is reported as any worker's that dies starting
         finally:
             os.close(fd)
 

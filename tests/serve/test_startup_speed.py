@@ -189,3 +189,20 @@ def test_python_backend_leaves_the_archive_code_to_models_that_name_an_environme
     modules = _modules_after("from kernel.backends.python import PythonBackend\nPythonBackend()")
     archive = {"tarfile", "kernel.backends.python.envarchive", "kernel.backends.python.envboot"}
     assert not modules & archive, sorted(modules & archive)
+
+
+def test_assigning_a_standby_that_died_meanwhile_is_not_an_error():
+    # Its exit (not a BrokenPipeError from the front) reports the failed start, as for any worker.
+    import socket
+
+    from kernel.backends.python import standby
+
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the standby is gone
+    a, b = socket.socketpair()
+    dead = standby.Standby(process=None, channel=a, fd_channel=b, assign_fd=write_fd, env={})
+    dead.assign(["--model-file", "x"])
+    with pytest.raises(OSError):
+        os.fstat(write_fd)  # closed all the same
+    a.close()
+    b.close()
