@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -42,6 +43,20 @@ TICK = os.sysconf("SC_CLK_TCK")
 def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds of every process in the server's process group (front + model workers/stubs)."""
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
 
 
 def get(url: str):
@@ -102,9 +117,11 @@ def measure(side: str, args, ports: list[int], log: Path) -> dict:
                    "--max-trials", "3", "-f", str(csv)]
             if args.shape:
                 cmd += ["--shape", args.shape]
-            n0, c0 = infer_count(ports[0], args.model), cpu_s(p.pid)
+            n0, c0, g0 = infer_count(ports[0], args.model), cpu_s(p.pid), group_cpu_s(p.pid)
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             out = subprocess.run(cmd, env=peers.env(), capture_output=True, text=True, timeout=300)
-            c1, n1 = cpu_s(p.pid), infer_count(ports[0], args.model)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            c1, g1, n1 = cpu_s(p.pid), group_cpu_s(p.pid), infer_count(ports[0], args.model)
             if out.returncode != 0 or not csv.exists():
                 return {"side": side, "error": out.stdout[-800:] + out.stderr[-800:]}
             lines = csv.read_text().splitlines()
@@ -113,6 +130,8 @@ def measure(side: str, args, ports: list[int], log: Path) -> dict:
             reqs = max(n1 - n0, 1)
             return {"side": side, "infer_s": float(d["Inferences/Second"]), "p50_us": float(d["p50 latency"]),
                     "cpu_us_per_req": (c1 - c0) * 1e6 / reqs, "requests": reqs,
+                    "server_cpu_us_per_req": (g1 - g0) * 1e6 / reqs,
+                    "client_cpu_us_per_req": (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1e6 / reqs,
                     "command": shlex.join(["perf_analyzer", *cmd[1:]])}
     finally:
         stop(p)
@@ -148,7 +167,9 @@ def main() -> int:
         if rs:
             print(f"  {side}: infer/s {statistics.median(r['infer_s'] for r in rs):.1f}  "
                   f"p50 {statistics.median(r['p50_us'] for r in rs):.0f} us  "
-                  f"front CPU/req {statistics.median(r['cpu_us_per_req'] for r in rs):.0f} us  (n={len(rs)})")
+                  f"front CPU/req {statistics.median(r['cpu_us_per_req'] for r in rs):.0f} us  "
+                  f"server (front+workers) {statistics.median(r['server_cpu_us_per_req'] for r in rs):.0f} us  "
+                  f"client {statistics.median(r['client_cpu_us_per_req'] for r in rs):.0f} us  (n={len(rs)})")
     args.out.write_text(json.dumps(results, indent=1))
     return 0
 
