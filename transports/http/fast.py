@@ -35,12 +35,12 @@ httptools as before.
 from __future__ import annotations
 
 import asyncio
-import mmap
 import os
 import re
 from typing import Optional
 
 import httptools
+import numpy as np
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
@@ -161,9 +161,9 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
             return
         self.fast = self.cycle = cycle  # uvicorn and the limits look at self.cycle
         if cycle.length >= DIRECT_BODY_BYTES:
-            # Anonymous memory, not a bytearray: no zero-filling pass over it, and pages are taken
-            # only as the body arrives (a client announcing a large body and sending none holds none).
-            cycle.body = memoryview(mmap.mmap(-1, cycle.length))
+            # Uninitialised memory, not a bytearray: no zero-filling pass over it. From the heap, not a
+            # fresh mmap: glibc reuses a freed block of that size, where new pages would each fault.
+            cycle.body = memoryview(np.empty(cycle.length, np.uint8))
             self.direct = cycle  # once this read is parsed, the rest of the body goes straight in
 
     def _fast_cycle(self) -> Optional[FastCycle]:
