@@ -61,8 +61,9 @@ _JSON_TYPE = b"content-type: application/json\r\ncontent-length: "
 _CLOSE = b"connection: close\r\n"
 # Bodies this large are read straight into their buffer (below it they come with the headers anyway).
 DIRECT_BODY_BYTES = 64 * 1024
-# Where everything else is read; fed to the parser at once, and the parser keeps no reference to it.
-_READ_BUFFER = memoryview(bytearray(256 * 1024))
+# Everything else is read into one buffer per listener (one event loop), fed to the parser at once;
+# the parser keeps no reference to it.
+READ_BUFFER_BYTES = 256 * 1024
 
 
 class _NoEvent:
@@ -80,13 +81,16 @@ _NO_EVENT = _NoEvent()
 class FastCycle:
     """One fast request; as uvicorn's RequestResponseCycle where uvicorn and the limits look at it."""
 
-    __slots__ = ("name", "version", "header_length", "length", "body", "filled", "keep_alive", "reading",
+    __slots__ = ("name", "version", "url", "http_version", "header_length", "length", "body", "filled", "keep_alive", "reading",
                  "response_started", "response_complete", "disconnected", "request")
     message_event = _NO_EVENT
 
-    def __init__(self, name: str, version: str, header_length: Optional[int], length: int, keep_alive: bool):
+    def __init__(self, name: str, version: str, url: bytes, http_version: str, header_length: Optional[int],
+                 length: int, keep_alive: bool):
         self.name = name
         self.version = version
+        self.url = url  # the protocol's own url and scope belong to the next request once one is pipelined
+        self.http_version = http_version
         self.header_length = header_length
         self.length = length
         self.body = None  # bytes (arrived in one piece) or a memoryview of `length` bytes being filled
@@ -122,6 +126,7 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
     """A LimitedHttpToolsProtocol that answers plain infer requests itself; `app` set by protocol_for."""
 
     app_fast: HttpApp
+    read_buffer: memoryview  # set by protocol_for: READ_BUFFER_BYTES shared by the listener's connections
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -133,13 +138,13 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         cycle = self.direct
         if cycle is None:
-            return _READ_BUFFER
+            return self.read_buffer
         return cycle.body[cycle.filled:]
 
     def buffer_updated(self, nbytes: int) -> None:
         cycle = self.direct
         if cycle is None:
-            self.data_received(_READ_BUFFER[:nbytes])
+            self.data_received(self.read_buffer[:nbytes])
             return
         self.read_past_parser()
         cycle.filled += nbytes
@@ -196,11 +201,8 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
             return None
         version = match.group(2)
         http_version = parser.get_http_version()
-        if http_version != "1.1":
-            self.scope["http_version"] = http_version
-        self.scope["method"] = "POST"
-        return FastCycle(match.group(1).decode("ascii"), version.decode("ascii") if version else "",
-                         header_length, length, http_version != "1.0" and parser.should_keep_alive())
+        return FastCycle(match.group(1).decode("ascii"), version.decode("ascii") if version else "", self.url,
+                         http_version, header_length, length, http_version != "1.0" and parser.should_keep_alive())
 
     # ---- reading ----------------------------------------------------------------------
 
@@ -269,7 +271,7 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
         self._finish(cycle, body)
 
     def _error(self, cycle: FastCycle, exc: Exception) -> None:
-        status, message = error_for(exc, "POST", self._path())
+        status, message = error_for(exc, "POST", self._path(cycle))
         self._write(cycle, status, codec.error_body(message))
 
     def _write(self, cycle: FastCycle, status: int, body: bytes) -> None:
@@ -292,10 +294,12 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
         cycle.request = None
         transport = self.transport
         if self.access_log:
-            self._path()
-            self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(self.scope), "POST",
-                                    get_path_with_query_string(self.scope), self.scope["http_version"], status)
-        if len(parts) == 1:
+            scope = {"client": self.client, "path": self._path(cycle), "query_string": b""}
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', get_client_addr(scope), "POST",
+                                    get_path_with_query_string(scope), cycle.http_version, status)
+        if transport.is_closing():
+            pass  # cut meanwhile (shutdown's grace ended, or a limit): connection_lost is on its way
+        elif len(parts) == 1:
             transport.write(parts[0])
         else:
             transport.writelines(parts)  # binary outputs as their own buffers: no join, no copy
@@ -306,14 +310,9 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
             transport.close()
         self.on_response_complete()
 
-    def _path(self) -> str:
-        """The request's path, put in its scope only when something reads it (errors, the access log)."""
-        scope = self.scope
-        if "path" not in scope:
-            scope["path"] = self.root_path + self.url.decode("ascii")
-            scope["raw_path"] = self.root_path.encode("ascii") + self.url
-            scope["query_string"] = b""
-        return scope["path"]
+    def _path(self, cycle: FastCycle) -> str:
+        """The request's path, made only when something reads it (a 500's log line, the access log)."""
+        return self.root_path + cycle.url.decode("ascii")
 
     # ---- the connection -----------------------------------------------------------------
 
@@ -330,4 +329,5 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
 
 def protocol_for(app: HttpApp, limits: Http1Limits) -> type:
     """The connection class for the KServe HTTP front: the fast path on `app`, within `limits`."""
-    return type("FastInferProtocol", (FastInferProtocol,), {"limits": limits, "app_fast": app})
+    return type("FastInferProtocol", (FastInferProtocol,),
+                {"limits": limits, "app_fast": app, "read_buffer": memoryview(bytearray(READ_BUFFER_BYTES))})
