@@ -202,3 +202,51 @@ def test_identity_round_trip_copies_the_tensor_once_and_reuses_regions_only_afte
             await inst.stop(5)
 
     asyncio.run(main())
+
+
+DOUBLE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() * 2)]) for r in requests]
+'''
+
+
+def test_a_new_output_array_is_copied_once_and_its_worker_region_waits_for_the_transport(tmp_path):
+    inst = identity_instance(tmp_path)
+    (inst.model_file).write_text(DOUBLE)
+
+    async def infer(data):
+        got = asyncio.get_running_loop().create_future()
+        r = InferRequest("identity_fp32", "", "r", [InferTensor("INPUT0", "FP32", [N], raw=memoryview(data).cast("B"))])
+        r.on_response = got.set_result
+        inst.submit([r])
+        return await asyncio.wait_for(got, 30)
+
+    async def main():
+        await inst.start()
+        try:
+            ones = np.ones(N, dtype=np.float32)
+            a = await infer(ones)
+            raw_a = a.outputs[0].raw
+            seg = inst._peer.segments[0]  # the worker's arena, as mapped here: the output was copied there once
+            assert seg.addr <= address(raw_a) < seg.addr + seg.size
+            b = await infer(ones * 3)
+            raw_b = b.outputs[0].raw
+            assert address(raw_b) != address(raw_a)  # a's region is still being read: not reused
+            np.testing.assert_array_equal(np.frombuffer(raw_a, np.float32), ones * 2)
+            np.testing.assert_array_equal(np.frombuffer(raw_b, np.float32), ones * 6)
+            first = address(raw_a)
+            del a, raw_a
+            for _ in range(100):  # the Release reaches the worker
+                await asyncio.sleep(0.01)
+            c = await infer(ones * 5)
+            assert address(c.outputs[0].raw) == first  # given back, then reused
+            np.testing.assert_array_equal(c.outputs[0].as_numpy(), ones * 10)
+        finally:
+            await inst.stop(5)
+
+    asyncio.run(main())
