@@ -8,11 +8,13 @@ per instance it expects to start (`estimate`): a plain worker interpreter that d
 at once, in parallel with the front, then blocks until the front tells it which model to run.
 `WorkerInstance.start` takes a standby when one is left whose interpreter and environment are the
 ones it would have started itself (`take`); otherwise it starts a worker as before. Standbys nobody
-took are let go once start-up loading is over (`release`): they read end-of-file and exit.
+took are let go once start-up loading is over (`release`): they read end-of-file and exit. All
+standbys but the first are forked from it once its imports are done (standby_fork.py), so the
+imports are paid once, not once per instance.
 
-A standby is an ordinary child process of the front, started with the same interpreter, boot
-string, environment and file descriptors as a worker: a model cannot tell (its sys.argv is the
-worker's, as always); only the process's command line names this module instead of worker.py.
+A standby is a child process of the front (a forked one is re-parented to it), with the same
+interpreter, boot string, environment and file descriptors as a worker: a model cannot tell (its
+sys.argv is the worker's, as always); only the process's command line names this module.
 
 This module imports nothing heavy on purpose: the front imports it before anything else.
 """
@@ -26,6 +28,8 @@ import socket
 import sys
 from pathlib import Path
 from typing import Optional
+
+from kernel.backends.python import standby_fork
 
 # `python -c` rather than `python -m`: -m puts the current directory first on sys.path, where a
 # `kernel.py` or a `backends/` folder of the user's would shadow Kernel's own modules. This drops
@@ -48,10 +52,11 @@ class Standby:
         self.channel = channel  # the front's end of the worker's message channel
         self.fd_channel = fd_channel  # the front's end of the worker's SCM_RIGHTS channel
         self.env = env
+        self.discarded = False
         self._assign_fd: Optional[int] = assign_fd
 
     def alive(self) -> bool:
-        return self.process.returncode is None
+        return self.process is not None and self.process.returncode is None
 
     def assign(self, worker_args: list[str]) -> None:
         """Tell the standby the rest of its worker command line; from here it is that worker."""
@@ -68,6 +73,7 @@ class Standby:
 
     def discard(self) -> None:
         """Let the standby go: it reads end-of-file and exits."""
+        self.discarded = True
         if self._assign_fd is not None:
             os.close(self._assign_fd)
             self._assign_fd = None
@@ -117,36 +123,130 @@ def estimate(repositories: list[Path], config_name: str = "", names: Optional[se
 
 
 async def prestart(count: int) -> None:
-    """Start `count` standby workers with the server's own interpreter and environment."""
-    for _ in range(min(count, MAX_STANDBYS)):
-        front, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        fd_front, fd_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        read_fd, write_fd = os.pipe()
-        env = dict(os.environ)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", BOOT, __name__,
-                str(read_fd), "--channel-fd", str(worker.fileno()), "--fd-channel-fd", str(fd_worker.fileno()),
-                pass_fds=(worker.fileno(), fd_worker.fileno(), read_fd), env=env,
-            )  # fmt: skip
-        except OSError:
-            for s in (front, worker, fd_front, fd_worker):
-                s.close()
-            os.close(write_fd)
-            return
-        finally:
-            os.close(read_fd)
-        worker.close()
-        fd_worker.close()
-        _pool.append(Standby(process, front, fd_front, write_fd, env))
+    """Start `count` standby workers with the server's own interpreter and environment: one process
+    that the others are forked from (standby_fork.py), or, where that cannot be, one process each."""
+    count = min(count, MAX_STANDBYS)
+    if count <= 0:
+        return
+    groups = [_Fds() for _ in range(count)]
+    if count > 1 and standby_fork.become_subreaper():
+        await _spawn(groups[0], groups[1:])
+    else:
+        for fds in groups:
+            await _spawn(fds, [])
+
+
+class _Fds:
+    """The two socket pairs and the assignment pipe of one standby."""
+
+    def __init__(self) -> None:
+        self.front, self.worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.fd_front, self.fd_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.read_fd, self.write_fd = os.pipe()
+
+    def theirs(self) -> tuple[int, int, int]:
+        return self.read_fd, self.worker.fileno(), self.fd_worker.fileno()
+
+    def close_theirs(self) -> None:
+        self.worker.close()
+        self.fd_worker.close()
+        os.close(self.read_fd)
+
+    def close_ours(self) -> None:
+        self.front.close()
+        self.fd_front.close()
+        os.close(self.write_fd)
+
+
+async def _spawn(fds: _Fds, clones: list[_Fds]) -> None:
+    env = dict(os.environ)
+    extra, pass_fds, report = [], list(fds.theirs()), None
+    if clones:
+        report, report_w = os.pipe()
+        extra = ["--clones", ";".join(",".join(map(str, c.theirs())) for c in clones), "--report-fd", str(report_w)]
+        pass_fds += [fd for c in clones for fd in c.theirs()] + [report_w]
+    read_fd, channel, fd_channel = fds.theirs()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", BOOT, __name__, *extra,
+            str(read_fd), "--channel-fd", str(channel), "--fd-channel-fd", str(fd_channel),
+            pass_fds=pass_fds, env=env,
+        )  # fmt: skip
+    except OSError:
+        for f in (fds, *clones):
+            f.close_theirs()
+            f.close_ours()
+        if report is not None:
+            os.close(report)
+            os.close(report_w)
+            standby_fork.become_subreaper(False)
+        return
+    finally:
+        if report is not None:
+            os.close(report_w)
+    for f in (fds, *clones):
+        f.close_theirs()
+    _pool.append(Standby(process, fds.front, fds.fd_front, fds.write_fd, env))
+    if clones:
+        pending = [Standby(None, c.front, c.fd_front, c.write_fd, env) for c in clones]
+        _pool.extend(pending)
+        _watch(asyncio.ensure_future(_adopt(report, pending)))
+
+
+async def _adopt(report: int, pending: list[Standby]) -> None:
+    """Read the clones' pids as the template reports them; a clone whose pid never comes is gone."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(report, "rb"))
+    try:
+        while line := await reader.readline():
+            index, pid = map(int, line.split())
+            clone = pending[index]
+            clone.process = standby_fork.AdoptedProcess(pid)
+            if clone.discarded:  # released before its pid came: reap it when it exits
+                _watch(asyncio.ensure_future(clone.process.wait()))
+            _tell()
+    finally:
+        transport.close()
+        standby_fork.become_subreaper(False)  # clones made: orphans go to init again, as usual
+        for clone in pending:
+            if clone.process is None:
+                if clone in _pool:
+                    _pool.remove(clone)
+                if not clone.discarded:
+                    clone.discard()
+        _tell()
+
+
+_waiting: Optional[asyncio.Future] = None
+
+
+def _news() -> asyncio.Future:
+    """Done at the next change of the clones (one adopted, or no more to come)."""
+    global _waiting
+    if _waiting is None or _waiting.done():
+        _waiting = asyncio.get_running_loop().create_future()
+    return asyncio.shield(_waiting)
+
+
+def _tell() -> None:
+    if _waiting is not None and not _waiting.done():
+        _waiting.set_result(None)
+
+
+def take_fits(command) -> bool:
+    """Whether a standby can stand for a worker started by `command` (an execenv.WorkerCommand)."""
+    return command is not None and not command.boot and tuple(command.argv) == (sys.executable,)
 
 
 def take(command) -> Optional[Standby]:
     """A live standby started exactly as `command` (an execenv.WorkerCommand) would start a worker."""
-    if command is None or command.boot or tuple(command.argv) != (sys.executable,):
+    if not take_fits(command):
         return None
-    while _pool:
-        standby = _pool.pop(0)
+    for standby in list(_pool):
+        if standby.process is None:  # a clone not forked yet: maybe the next instance's
+            continue
+        _pool.remove(standby)
         if standby.alive() and standby.env == command.env:
             return standby
         _let_go(standby)
@@ -157,6 +257,9 @@ async def start_worker(command, worker_args: list[str]):
     """(process, channel, fd_channel) of a worker running `worker_args` (its flags after the two
     channel fds): a standby when one fits `command`, else a process started now."""
     ready_made = take(command)
+    while ready_made is None and any(s.process is None and not s.discarded for s in _pool) and take_fits(command):
+        await _news()  # a clone is being forked: it is ready in a few ms, much sooner than a new process
+        ready_made = take(command)
     if ready_made is not None:
         ready_made.assign(worker_args)
         return ready_made.process, ready_made.channel, ready_made.fd_channel
@@ -186,17 +289,37 @@ def release() -> None:
 
 def _let_go(standby: Standby) -> None:
     standby.discard()
-    task = asyncio.ensure_future(standby.process.wait())  # reaped, not left a zombie
+    if standby.process is not None:  # (a clone not forked yet is reaped once its pid comes: _adopt)
+        _watch(asyncio.ensure_future(standby.process.wait()))  # reaped, not left a zombie
+
+
+def _watch(task: asyncio.Future) -> None:
     _reaping.add(task)
     task.add_done_callback(_reaping.discard)
 
 
 def _standby_main(argv: list[str]) -> None:
-    """In the standby process: import what every worker imports, wait for the assignment, run."""
+    """In the standby process: import what every worker imports, make the clones the front asked
+    for (standby_fork.py), wait for the assignment, run."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the worker: the front decides when we stop
+    clones = report = None
+    if argv[0] == "--clones":
+        clones, report, argv = argv[1], int(argv[3]), argv[4:]
     assign_fd, channel_args = int(argv[0]), argv[1:]
+    from kernel.backends.python import worker  # noqa: F401 - the imports, done once for every clone
+
+    if clones is not None:
+        from kernel.backends.python import standby_fork
+
+        own = (assign_fd, int(channel_args[1]), int(channel_args[3]))
+        standby_fork.make_clones(clones, report, own, _run)
+    _run(assign_fd, channel_args)
+
+
+def _run(assign_fd: int, channel_args: list[str]) -> None:
+    """Wait for the assignment on `assign_fd`, then be that worker; return if released."""
     from kernel.backends.python import worker
 
     chunks = []

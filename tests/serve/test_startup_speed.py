@@ -1,8 +1,9 @@
 """Start-up time and idle memory (issue 17): what keeps `kernel serve` quick to ready and small.
 
 - models start at the same time, not one after the other;
-- `kernel serve` starts standby workers (backends/python/standby.py) before the front imports the
-  server, each instance takes one, and the ones nobody took are gone once the server is ready;
+- `kernel serve` starts standby workers (backends/python/standby.py; all but one forked from the
+  first, standby_fork.py) before the front imports the server, each instance takes one, the ones
+  nobody took are gone once the server is ready, and a forked one's exit is reported as any worker's;
 - a worker imports nothing of the front (the backend plug-in, the core's requests, execenv);
 - the CLI module imports nothing of the server before the standbys are started.
 """
@@ -206,3 +207,25 @@ def test_assigning_a_standby_that_died_meanwhile_is_not_an_error():
         os.fstat(write_fd)  # closed all the same
     a.close()
     b.close()
+
+
+def test_forked_standbys_are_the_fronts_children_and_report_their_exit(tmp_path):
+    # Three standbys: one started, two forked from it and re-parented to the front. A worker that
+    # dies is reported with its exit status and restarted, whichever kind it was.
+    import signal as signals
+
+    for name in ("m1", "m2", "m3"):
+        make_model(tmp_path, name, source=SLOW_MODEL.replace("time.sleep(0.5)", "pass"))
+    k = KernelProcess([tmp_path])
+    try:
+        k.wait_ready()
+        workers = children(k.proc.pid)
+        assert len(workers) == 3 and all("kernel.backends.python.standby" in cmdline(p) for p in workers)
+        assert all("--clones" in cmdline(p) for p in workers)  # the template and its clones (forks keep argv)
+        for pid in workers:
+            os.kill(pid, signals.SIGKILL)
+        assert k.wait_for_log("exited unexpectedly with code -9", times=3, timeout=20), k.log()
+        assert k.wait_for_log("restarted", times=3, timeout=60), k.log()
+        k.wait_until_ok(["/v2/models/m1/ready", "/v2/models/m2/ready", "/v2/models/m3/ready"])
+    finally:
+        k.stop()
