@@ -296,6 +296,48 @@ def test_large_compressed_message_read_in_place_and_a_body_ending_inside_one(raw
     assert trailers["grpc-status"] == "0" and tc_pb.ServerLiveResponse.FromString(_messages(payloads)[0]).live
 
 
+def test_bandwidth_probe_pings_are_answered_not_punished(server):
+    """grpc C-core clients grow their receive window only when the PINGs they send on receiving
+    DATA (BDP probes, one outstanding at a time) are acknowledged promptly: over a 4 MB answer
+    that a small window releases frame by frame, every probe gets its ACK, and no
+    GOAWAY(too_many_pings) (DATA released by a WINDOW_UPDATE counts as data sent)."""
+    c = RawClient(server.grpc_port, settings=[(0x4, 1 << 20)])
+    try:
+        data = np.random.default_rng(5).random(1_000_000, dtype=np.float32)
+        body = grpc_message(_echo_request(data))
+        c.send(frame(HEADERS, END_HEADERS, 1, c.headers_block(INFER)))
+        for i in range(0, len(body), 1 << 20):  # frames within the server's SETTINGS_MAX_FRAME_SIZE
+            c.send(frame(DATA, END_STREAM if i + (1 << 20) >= len(body) else 0, 1, body[i : i + (1 << 20)]))
+        payloads, acks, pings, trailers = [], 0, 0, None
+        deadline = time.time() + 30
+        while trailers is None and time.time() < deadline:
+            kind, flags, sid, payload = c.read_frame()
+            assert kind != GOAWAY, payload
+            if kind == DATA and sid == 1:
+                payloads.append(payload)
+                probe = b""
+                if acks == pings:  # the previous probe came back: start the next one
+                    pings += 1
+                    probe = frame(PING, 0, 0, struct.pack(">Q", pings))
+                c.send(probe + frame(WINDOW_UPDATE, 0, 0, struct.pack(">L", len(payload)))
+                       + frame(WINDOW_UPDATE, 0, 1, struct.pack(">L", len(payload))))
+            elif kind == PING and flags & ACK:
+                acks += 1
+            elif kind == HEADERS and sid == 1:
+                block = dict(c.decoder.decode(payload))
+                if flags & END_STREAM:
+                    trailers = block
+        assert trailers["grpc-status"] == "0" and pings > 10
+        while acks < pings:
+            kind, flags, sid, payload = c.read_frame()
+            assert kind != GOAWAY
+            acks += kind == PING and bool(flags & ACK)
+        reply = tc_pb.ModelInferResponse.FromString(_messages(payloads)[0])
+        assert reply.raw_output_contents[0] == data.tobytes()
+    finally:
+        c.close()
+
+
 def test_http_level_refusals(raw):
     raw.request(1, LIVE, b"", method="GET")
     headers, _, _ = raw.call(1)

@@ -98,8 +98,11 @@ class MessageInputMixin:
         """Give a large message its own buffer: the rest of it is read from the socket straight into
         it (body_target), so it is never copied on its way in. The buffer is numpy.empty: only the
         pages the client actually sends are ever touched, so a declared size costs no memory."""
+        try:
+            view = memoryview(np.empty(length, np.uint8))
+        except MemoryError:
+            return  # no address space for it now: it is gathered from views of the reads instead
         s.parts = []
-        view = memoryview(np.empty(length, np.uint8))
         k = len(head) - 5
         view[:k] = head[5:]
         s.msg_view = view

@@ -111,8 +111,13 @@ class OutputMixin:
                     out.append(item[:take])
                     pending[0] = item[take:]
                     take = 0
-        if out and self.flush_handle is None:
-            self.flush_handle = self.loop.call_soon(self.flush)
+        if out:
+            # DATA is going out: pings are welcome again. A grpc C-core client sends a PING
+            # (its bandwidth probe) on receiving DATA, also DATA released by its WINDOW_UPDATEs.
+            self.sent_data = True
+            self.pings_without_data = 0
+            if self.flush_handle is None:
+                self.flush_handle = self.loop.call_soon(self.flush)
         if pending:
             return
         self.blocked.pop(s.id, None)
