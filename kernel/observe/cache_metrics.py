@@ -10,7 +10,6 @@ all but nv_cache_util at 0 for its local cache; Kernel reports the real numbers.
 
 from __future__ import annotations
 
-from prometheus_client.metrics_core import Metric
 
 # (family, help, ModelStats count attribute or None, ns attribute or None)
 MODEL_COUNTERS = (
@@ -38,6 +37,8 @@ SERVER_GAUGES = (
 
 def model_counters() -> dict[str, Metric]:
     """The per-model families, empty (metrics.py adds them to its counters, in Triton's order)."""
+    from prometheus_client.metrics_core import Metric
+
     return {name: Metric(name, doc, "counter") for name, doc, _, _ in MODEL_COUNTERS}
 
 
@@ -54,6 +55,8 @@ def server_gauges(cache) -> list[Metric]:
     """The server-wide gauges; none without a cache."""
     if cache is None:
         return []
+    from prometheus_client.metrics_core import Metric
+
     out = []
     for name, doc, value in SERVER_GAUGES:
         g = Metric(name, doc, "gauge")

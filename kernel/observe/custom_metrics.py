@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from prometheus_client.metrics_core import Metric
 
 from kernel.observe.distributions import Histogram, add_histogram
 
@@ -149,6 +148,8 @@ class CustomMetrics:
             self.family_delete(owner, key[1])
 
     def collect(self, kinds: Iterable[int]) -> list[Metric]:
+        from prometheus_client.metrics_core import Metric
+
         out = []
         wanted = set(kinds)
         for family in self.families.values():

@@ -7,9 +7,10 @@ import bisect
 import math
 import random
 import time
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from prometheus_client.metrics_core import Metric
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 from kernel.core import stats as st
 

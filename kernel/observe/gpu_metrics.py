@@ -7,8 +7,6 @@ read at scrape time. A machine without GPUs gets no family at all, as with Trito
 
 from __future__ import annotations
 
-from prometheus_client.metrics_core import Metric
-
 from kernel.core.gpu import GPU_METRIC_FAMILIES
 
 
@@ -17,6 +15,7 @@ def gpu_families(reader):
     readings = reader.read() if reader is not None else []
     if not readings:
         return
+    from prometheus_client.metrics_core import Metric
     for name, doc, kind, field in GPU_METRIC_FAMILIES:
         family = Metric(name, doc, kind)
         for r in readings:

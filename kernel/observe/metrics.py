@@ -22,8 +22,6 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Optional
 
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector, CollectorRegistry
 
 from kernel.core import stats as st
 from kernel.core.gpu import NvmlReader
@@ -164,8 +162,9 @@ class CpuSampler:
             self.mem_total = self.mem_used = 0.0
 
 
-class ServerCollector(Collector):
-    """Builds the `nv_*` families from the server's statistics at scrape time."""
+class ServerCollector:
+    """Builds the `nv_*` families from the server's statistics at scrape time (a prometheus_client
+    collector: `collect()`; prometheus_client itself is imported by the first scrape, not at start-up)."""
 
     def __init__(self, server, config: MetricsConfig, cpu: Optional[CpuSampler], gpu=None) -> None:
         self.server = server
@@ -174,6 +173,8 @@ class ServerCollector(Collector):
         self.gpu = gpu  # .read() -> kernel.core.gpu.GpuReading list
 
     def collect(self):
+        from prometheus_client.metrics_core import Metric
+
         models = [m for m in self.server.registry.all_models() if m.ready]
         custom: CustomMetrics = self.server.custom_metrics
         counters: dict[str, Metric] = {}
@@ -287,8 +288,7 @@ class MetricsService:
         self.cpu = CpuSampler() if cpu_metrics else None
         self.interval_s = max(1, interval_ms) / 1000.0
         gpu = (gpu_reader or NvmlReader()) if gpu_metrics else None  # --allow-gpu-metrics
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ServerCollector(server, self.config, self.cpu, gpu))
+        self.collector = ServerCollector(server, self.config, self.cpu, gpu)
         self._timer = None
 
     def start_polling(self, loop) -> None:
@@ -307,5 +307,5 @@ class MetricsService:
             self._timer = None
 
     def text(self) -> str:
-        return render(self.registry.collect())
+        return render(self.collector.collect())
 

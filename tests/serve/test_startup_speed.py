@@ -184,6 +184,7 @@ def test_front_without_grpc_does_not_import_it(tmp_path):
     modules = _modules_after(code)
     assert "kernel.transports.http" in modules  # the check sees what build_server imports
     assert not {m for m in modules if m.startswith(("kernel.transports.grpc", "grpc"))}
+    assert "kernel.transports.metrics" in modules and "prometheus_client" not in modules  # until the first scrape
 
 
 def test_python_backend_leaves_the_archive_code_to_models_that_name_an_environment():
