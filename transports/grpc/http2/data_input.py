@@ -100,7 +100,16 @@ class DataInputMixin:
                 raise ProtocolError(ENHANCE_YOUR_CALM, "flood of empty DATA frames", b"flood")  # CVE-2019-9518
             self._data_done()
             return
-        self._data_payload(buf, start, stop)
+        # _data_payload for a whole frame, inline (the path of every small request)
+        n = stop - start
+        self.recv_unacked += n
+        self.data_left = 0
+        s = self.data_stream
+        if s is not None:
+            s.recv_unacked += n
+            if not s.closed:
+                self.on_body(s, memoryview(buf)[start:stop])
+        self._data_done()
 
     def _data_start(self, stream_id: int, flags: int, size: int) -> None:
         """A DATA frame's header: flow control is charged for all of it at once; its payload
