@@ -90,11 +90,11 @@ def make_clones(spec: str, report_fd: int, keep: tuple[int, ...], run) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         read_pid, write_pid = os.pipe()
-        middle = os.fork()
+        middle = _fork()
         if middle == 0:  # the intermediate: fork the clone, tell the template its pid, go
             code = 0
             try:
-                clone = os.fork()
+                clone = _fork()
                 if clone == 0:
                     _become_clone(own, [report_fd, read_pid, write_pid, *keep, *(fd for g in groups if g is not own for fd in g)], run)
                 os.write(write_pid, str(clone).encode())
@@ -110,6 +110,17 @@ def make_clones(spec: str, report_fd: int, keep: tuple[int, ...], run) -> None:
         for fd in own:
             os.close(fd)
     os.close(report_fd)
+
+
+def _fork() -> int:
+    import warnings
+
+    # Python 3.12+ warns about fork() in a process with threads; the template's only threads are
+    # OpenBLAS's (numpy), which OpenBLAS's own pthread_atfork handlers stop and restart around it.
+    # Only these forks: a model's own fork() still warns.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
+        return os.fork()
 
 
 def _become_clone(own: tuple[int, ...], others: list[int], run) -> None:
