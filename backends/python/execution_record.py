@@ -16,8 +16,10 @@ from kernel.backends.python import messages
 class Batch(list):
     """The keys of one Execute message, with what its statistics need."""
 
+    # Slots: one Batch per Execute message, its attributes set on the request path.
+    __slots__ = ("start", "input_end", "exec_start", "exec_end", "meta", "failed_early", "trace_key", "requests")
+
     def __init__(self, start: int):
-        super().__init__()
         self.start = start
         self.input_end = 0
         self.exec_start = 0
@@ -49,6 +51,17 @@ def execution_record(batch: Batch, result, exc, decoupled: bool) -> messages.Exe
     exec_start = batch.exec_start or input_end
     exec_end = batch.exec_end or end
     start = exec_start - (input_end - batch.start)  # input preparation, moved up to when execute began
+    meta = batch.meta
+    if len(meta) == 1 and not batch.failed_early:
+        # The common c=1 case, without the general path's lists and loops (same record).
+        (arrival, bs), = meta
+        ok = outcomes(batch, result, exc, decoupled)[0]
+        if not arrival or ok is None:
+            return messages.Execution(bs, start, exec_start, exec_end, end, 0, [], [], [], batch.trace_key)
+        if ok:
+            return messages.Execution(bs, start, exec_start, exec_end, end, bs, [end - arrival],
+                                      [max(0, start - arrival)], [], batch.trace_key)
+        return messages.Execution(bs, start, exec_start, exec_end, end, 0, [], [], [end - arrival], batch.trace_key)
     ok_request: list[int] = []
     ok_queue: list[int] = []
     failed = [end - a for a in batch.failed_early]
