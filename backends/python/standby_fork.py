@@ -33,6 +33,8 @@ def become_subreaper(on: bool = True) -> bool:
     if not sys.platform.startswith("linux") or not hasattr(os, "pidfd_open"):
         return False
     try:
+        if on:  # Linux 5.3+: AdoptedProcess needs pidfds
+            os.close(os.pidfd_open(os.getpid()))
         import ctypes
 
         return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
