@@ -11,7 +11,7 @@ never joined into one). The connection's own connection_lost cancels its in-flig
 no watcher object, task or timer per request.
 
 Everything else goes through ASGI unchanged, and so does an infer request that is unusual:
-Content-Encoding, Transfer-Encoding, Expect, Upgrade, an invalid
+Content-Encoding, Transfer-Encoding, Upgrade, an invalid
 Inference-Header-Content-Length, a body over --http-max-input-size, a percent-encoded or
 query-carrying URL, restricted APIs (--http-restricted-api), tracing on, a request pipelined
 behind one still being answered, or a client not reading its answers (write buffer full).
@@ -56,7 +56,8 @@ ENABLED = os.environ.get("KERNEL_HTTP_FAST_PATH", "1") != "0"
 # The route, on the raw URL: a name of visible ASCII without '/', '?', '%' or '#'; a version of digits.
 _INFER = re.compile(rb"/v2/models/([^/?%#\x00-\x20\x7f-\xff]+)(?:/versions/([0-9]+))?/infer")
 # Request headers that send a request to the ASGI route (the fast path does not handle them).
-_UNUSUAL = frozenset((b"content-encoding", b"transfer-encoding", b"expect", b"upgrade"))
+_UNUSUAL = frozenset((b"content-encoding", b"transfer-encoding", b"upgrade"))
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _JSON_TYPE = b"content-type: application/json\r\ncontent-length: "
 _CLOSE = b"connection: close\r\n"
 # Bodies this large are read straight into their buffer (below it they come with the headers anyway).
@@ -165,6 +166,10 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
             super().headers_complete()
             return
         self.fast = self.cycle = cycle  # uvicorn and the limits look at self.cycle
+        if self.expect_100_continue:
+            # As uvicorn does when the ASGI route starts reading the body (which it always does for a
+            # request that would come here): large uploads from curl and the like ask for it.
+            self.transport.write(_CONTINUE)
         if cycle.length >= DIRECT_BODY_BYTES:
             # Uninitialised memory, not a bytearray: no zero-filling pass over it. From the heap, not a
             # fresh mmap: glibc reuses a freed block of that size, where new pages would each fault.
