@@ -26,6 +26,8 @@ IHCL = b"inference-header-content-length"
 class CloudHttpTransport(HttpTransport):
     """An HttpTransport whose ASGI app is a cloud front (`make_app(server, http_app)`)."""
 
+    fast_path = False  # every request goes to the cloud app, KServe's infer route included
+
     def __init__(self, server: Server, address: str, port: int, max_input_size: int,
                  restricted: Optional[Restrictions] = None):
         # --http-restricted-api applies behind the cloud fronts too, as in tritonserver.

@@ -25,6 +25,9 @@ HTTP_SERVERS = ("uvicorn", "hypercorn")
 
 class HttpTransport(Transport):
     service_name = "HTTPService"
+    # The fast path answers KServe's infer route; a subclass serving another app on its own port
+    # (SageMaker, Vertex AI: transports/cloud.py) must not answer that route there.
+    fast_path = True
 
     def __init__(self, server: Server, address: str = "0.0.0.0", port: int = 8000,
                  max_input_size: int = 64 * 1024 * 1024, http_server: str = "uvicorn",
@@ -53,7 +56,7 @@ class HttpTransport(Transport):
 
     async def _start_uvicorn(self) -> None:
         # Plain infer requests take the fast path (transports/http/fast.py), the rest the ASGI app.
-        protocol = fast.protocol_for(self.app, self.limits) if fast.ENABLED else None
+        protocol = fast.protocol_for(self.app, self.limits) if fast.ENABLED and self.fast_path else None
         self._uvicorn = UvicornListener(self.app, self.address, self.port, "HTTP", self.limits, protocol)
         await self._uvicorn.start()
 
