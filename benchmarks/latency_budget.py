@@ -55,6 +55,8 @@ FRONT_HOPS = [
     ("write to worker: frame + send (incl. syscall, waking the worker)", re.compile(r"^(MessageChannel|InlineChannel)\.send ")),
     ("read + decode the worker's response", re.compile(r"framing\.py|backends/python/(wire|responses|inline_channel)")),
     ("backend: submit, match response to request", re.compile(r"backends/python/")),
+    ("HTTP fast path: parse, route, decode, answer (transports/http/fast.py, incl. the socket write)",
+     re.compile(r"transports/http/fast\.py")),
     ("HTTP response write: uvicorn send (headers + body, syscall, waking the client)", re.compile(r"ResponseCycle\.send ")),
     ("HTTP receive + parse (uvicorn protocol, httptools, limits)", re.compile(r"httptools_impl|http_limits|httptools")),
     ("ASGI glue (run_asgi, proxy-headers middleware)", re.compile(r"uvicorn/")),
@@ -147,7 +149,8 @@ def server_procs(srv, side: str) -> dict[str, int]:
             continue
         if p == srv.main_pid:
             procs["front" if side == "Kernel" else "tritonserver"] = p
-        elif "kernel.backends.python.worker" in cmd or "triton_python_backend_stub" in cmd:
+        elif ("kernel.backends.python.worker" in cmd or "kernel.backends.python.standby" in cmd
+              or "triton_python_backend_stub" in cmd):  # a worker that started as a standby names that module
             procs["worker" if side == "Kernel" else "stub"] = p
     return procs
 

@@ -601,8 +601,9 @@ def main(argv=None) -> int:
                      "This run only checks that the harness works end to end; publish medians of ≥ 3 rounds "
                      "with 5 s windows on a quiet box.")
     if loads and max(loads) > 1.5:
-        notes.append(f"The 1-min load average was {min(loads):.1f}–{max(loads):.1f} during the run (~1 is the benchmark "
-                     "itself on 2 CPUs): other work was competing, so these numbers are noisy.")
+        notes.append(f"The 1-min load average was {min(loads):.1f}–{max(loads):.1f} during the run. It counts runnable "
+                     "threads: perf_analyzer's (one per concurrent request) and a server's own threads raise it, and "
+                     "so does any other work on the box, which makes the numbers noisy: check which it was.")
     notes += args.note
     notes += [
         f"Command: `{meta['command']}` ({meta['wall_s'] / 60:.0f} min). Servers: real Triton "
