@@ -39,6 +39,10 @@ BOOT = (
     "runpy.run_module(name, run_name='__main__', alter_sys=True)"
 )
 
+# KERNEL_STANDBY_WORKERS=0 starts none: every worker is then a fresh interpreter, as before standbys
+# existed (for comparing the two, and for tests whose premise is a worker's full start-up time).
+ENABLED = os.environ.get("KERNEL_STANDBY_WORKERS", "1") != "0"
+
 # At most this many standbys, whatever the repository holds: a standby nobody takes costs a
 # worker's imports for nothing, and beyond a few per core they only queue for the CPU.
 MAX_STANDBYS = max(4, 2 * (os.cpu_count() or 1))
@@ -125,7 +129,7 @@ def estimate(repositories: list[Path], config_name: str = "", names: Optional[se
 async def prestart(count: int) -> None:
     """Start `count` standby workers with the server's own interpreter and environment: one process
     that the others are forked from (standby_fork.py), or, where that cannot be, one process each."""
-    count = min(count, MAX_STANDBYS)
+    count = min(count, MAX_STANDBYS) if ENABLED else 0
     if count <= 0:
         return
     groups = [_Fds() for _ in range(count)]

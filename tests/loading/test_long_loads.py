@@ -32,8 +32,11 @@ def test_initialize_longer_than_the_stub_timeout_loads_and_logs_progress(start_k
 
 
 def test_the_stub_timeout_still_bounds_the_worker_start(start_kernel):
-    # No Python interpreter starts in 10 ms: the worker never reports in time.
-    k = start_kernel([REPO], "--backend-config", "python,stub-timeout-seconds=0.01")
+    # No Python interpreter starts in 10 ms: the worker never reports in time. Without standby
+    # workers, that is: a standby has done its imports before the model is assigned to it and may
+    # report within 10 ms (then the load goes on, correctly), so this test starts fresh interpreters.
+    k = start_kernel([REPO], "--backend-config", "python,stub-timeout-seconds=0.01",
+                     env={"KERNEL_STANDBY_WORKERS": "0"})
     assert k.wait_exit(60) != 0
     log = k.log()
     assert "Timed out occurred while waiting for the stub process 'slow_init_0_0' to become ready" in log

@@ -230,3 +230,16 @@ def test_forked_standbys_are_the_fronts_children_and_report_their_exit(tmp_path)
         k.wait_until_ok(["/v2/models/m1/ready", "/v2/models/m2/ready", "/v2/models/m3/ready"])
     finally:
         k.stop()
+
+
+def test_standby_workers_can_be_turned_off(tmp_path):
+    # KERNEL_STANDBY_WORKERS=0: every worker is a fresh interpreter started for its instance.
+    make_model(tmp_path, "plain", count=2, source=SLOW_MODEL.replace("time.sleep(0.5)", "pass"))
+    k = KernelProcess([tmp_path], env={"KERNEL_STANDBY_WORKERS": "0"})
+    try:
+        k.wait_until_ok(["/v2/health/ready", "/v2/models/plain/ready"])
+        workers = [cmdline(p) for p in children(k.proc.pid)]
+        assert len(workers) == 2, workers
+        assert all("kernel.backends.python.worker" in c and "kernel.backends.python.standby" not in c for c in workers), workers
+    finally:
+        k.stop()
