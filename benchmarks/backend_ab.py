@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import peers  # noqa: E402
+import run as harness  # noqa: E402  (proc stat)
 
 SITECUSTOMIZE = (
     "import os\n"
@@ -37,12 +38,6 @@ SITECUSTOMIZE = (
     "                      'kernel.transports': tree + '/transports',\n"
     "                      'triton_python_backend_utils': tree + '/triton_python_backend_utils'})\n"
 )
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def children(pid: int) -> list[int]:
@@ -85,9 +80,9 @@ def one_round(tree: str, args, ports, site_dir: str) -> dict:
               "--max-trials", "3", *sum((["--shape", s] for s in args.shape), [])]
         with tempfile.TemporaryDirectory() as td:
             csv = Path(td) / "pa.csv"
-            n0, c0 = served(ports[0], args.model), [cpu_s(p) for p in pids]
+            n0, c0 = served(ports[0], args.model), [harness.cpu_seconds(p) for p in pids]
             subprocess.run([*pa, "-f", str(csv)], check=True, capture_output=True, timeout=300, env=peers.env())
-            n1, c1 = served(ports[0], args.model), [cpu_s(p) for p in pids]
+            n1, c1 = served(ports[0], args.model), [harness.cpu_seconds(p) for p in pids]
             rows = csv.read_text().splitlines()
         head, vals = rows[0].split(","), rows[1].split(",")
         row = dict(zip(head, vals))

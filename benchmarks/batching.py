@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -61,12 +60,9 @@ def parse_args(argv=None):
 
 def model_counts(srv, model: str) -> tuple[int, int]:
     """(inference_count, execution_count) from the statistics extension."""
-    url = f"http://127.0.0.1:{srv.http_port}/v2/models/{model}/stats"
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            stats = json.loads(r.read())["model_stats"][0]
-        return int(stats["inference_count"]), int(stats["execution_count"])
-    except (OSError, ValueError, KeyError, IndexError):
+        return harness.model_counts(srv.http_port, model)
+    except harness.BenchError:
         return 0, 0
 
 

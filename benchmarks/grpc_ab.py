@@ -23,12 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import peers  # noqa: E402
+import run as harness  # noqa: E402  (proc stat, statistics readers)
 
 LAUNCH = (
     "import sys, runpy\n"
@@ -37,12 +37,6 @@ LAUNCH = (
     "sys.argv[0] = 'kernel'\n"
     "runpy.run_module('kernel', run_name='__main__', alter_sys=True)\n"
 )
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def group_cpu_s(pgid: int) -> float:
@@ -51,28 +45,19 @@ def group_cpu_s(pgid: int) -> float:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                fields = harness.proc_stat(int(d.name))
             except OSError:
                 continue
             if int(fields[2]) == pgid:
-                total += (int(fields[11]) + int(fields[12])) / TICK
+                total += (int(fields[11]) + int(fields[12])) / harness.TICK
     return total
 
 
-def get(url: str):
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status, r.read()
-    except Exception:  # noqa: BLE001
-        return None, b""
-
-
 def infer_count(http: int, model: str) -> int:
-    status, body = get(f"http://127.0.0.1:{http}/v2/models/{model}/stats")
-    if status != 200:
+    try:
+        return harness.model_counts(http, model)[0]
+    except harness.BenchError:
         return 0
-    stats = json.loads(body)["model_stats"]
-    return sum(s["inference_count"] for s in stats)
 
 
 def start(side: str, repo: Path, ports: list[int], log: Path):
@@ -87,7 +72,7 @@ def start(side: str, repo: Path, ports: list[int], log: Path):
         p = subprocess.Popen(cmd, cwd=str(ROOT), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                              start_new_session=True)
     t0 = time.monotonic()
-    while get(f"http://127.0.0.1:{ports[0]}/v2/health/ready")[0] != 200:
+    while harness.http_get(f"http://127.0.0.1:{ports[0]}/v2/health/ready")[0] != 200:
         if p.poll() is not None or time.monotonic() - t0 > 60:
             stop(p)
             raise SystemExit(f"{side} did not start; see {log}")
@@ -117,11 +102,11 @@ def measure(side: str, args, ports: list[int], log: Path) -> dict:
                    "--max-trials", "3", "-f", str(csv)]
             if args.shape:
                 cmd += ["--shape", args.shape]
-            n0, c0, g0 = infer_count(ports[0], args.model), cpu_s(p.pid), group_cpu_s(p.pid)
+            n0, c0, g0 = infer_count(ports[0], args.model), harness.cpu_seconds(p.pid), group_cpu_s(p.pid)
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             out = subprocess.run(cmd, env=peers.env(), capture_output=True, text=True, timeout=300)
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            c1, g1, n1 = cpu_s(p.pid), group_cpu_s(p.pid), infer_count(ports[0], args.model)
+            c1, g1, n1 = harness.cpu_seconds(p.pid), group_cpu_s(p.pid), infer_count(ports[0], args.model)
             if out.returncode != 0 or not csv.exists():
                 return {"side": side, "error": out.stdout[-800:] + out.stderr[-800:]}
             lines = csv.read_text().splitlines()

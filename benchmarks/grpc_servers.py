@@ -34,6 +34,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from run import cpu_seconds  # noqa: E402  (utime + stime from /proc/PID/stat)
+
 ANCHORS = Path(os.environ.get("KERNEL_ANCHORS_SH", "/work/shared/bench/anchors.sh"))
 SERVERS = ("triton", "native", "grpclib", "grpcio")
 LABELS = {
@@ -42,18 +46,12 @@ LABELS = {
     "grpclib": "Kernel, grpclib",
     "grpcio": "Kernel, grpcio aio",
 }
-_CLK = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK
 
 
 def wait_ready(http_port: int, proc: subprocess.Popen, timeout: float = 90.0) -> None:

@@ -76,6 +76,34 @@ def http_get(url: str, timeout: float = 1.0) -> tuple[int, bytes]:
         return 0, b""
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: [2] is the process group, [11] and [12]
+    utime and stime in clock ticks (all threads)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used so far (all its threads)."""
+    fields = proc_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def model_counts(port: int, model: str) -> tuple[int, int]:
+    """(inference_count, execution_count) of MODEL, summed over its versions, from the statistics
+    extension on HTTP PORT; BenchError when the server does not give them."""
+    status, body = http_get(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=5.0)
+    try:
+        if status != 200:
+            raise ValueError(f"answered {status}")
+        stats = json.loads(body)["model_stats"]
+        return (sum(int(s["inference_count"]) for s in stats), sum(int(s["execution_count"]) for s in stats))
+    except (ValueError, KeyError, TypeError) as e:
+        raise BenchError(f"statistics of {model} on port {port}: {e}") from None
+
+
 def log_tail(path: Path, n: int = 40) -> str:
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -93,12 +121,9 @@ def pids_in_group(pgid: int) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
+            fields = proc_stat(int(entry))  # state ppid pgrp session ...
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        # fields: state ppid pgrp session ...
         if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(entry))
     return out

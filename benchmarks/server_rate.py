@@ -34,14 +34,6 @@ import run as harness  # noqa: E402
 REPO = HERE / "model_repo_suite"
 
 
-def counts(port: int, model: str) -> tuple[int, int]:
-    status, body = harness.http_get(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=5.0)
-    if status != 200:
-        raise harness.BenchError(f"statistics of {model} answered {status}")
-    stats = json.loads(body)["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])
-
-
 def measure(side: str, args, out: Path) -> dict:
     if side == "Triton":
         srv = harness.start_triton(REPO, args.triton_ports, out)
@@ -57,10 +49,10 @@ def measure(side: str, args, out: Path) -> dict:
         load = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=peers.env(),
                                 start_new_session=True)
         time.sleep(args.warmup)
-        i0, e0 = counts(srv.http_port, args.model)
+        i0, e0 = harness.model_counts(srv.http_port, args.model)
         t0 = time.monotonic()
         time.sleep(args.seconds)
-        i1, e1 = counts(srv.http_port, args.model)
+        i1, e1 = harness.model_counts(srv.http_port, args.model)
         dt = time.monotonic() - t0
         rate = (i1 - i0) / dt
         batch = (i1 - i0) / max(1, e1 - e0)
