@@ -21,6 +21,7 @@ from kernel.core.backend import Backend, ModelControlHandle
 from kernel.core import classification
 from kernel.core.cache import create_cache
 from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.holding import HeldBytes
 from kernel.core.model import Model, ModelState, UnknownOutput
 from kernel.core.registry import ModelRegistry
 from kernel.core.request import InferRequest
@@ -60,6 +61,12 @@ class ServerOptions:
     log: Any = None  # --log-*: kernel.observe.log.LogSettings; None: defaults with log_verbose
     # --cache-config: {cache name: {setting: value}}; empty: no response cache (kernel.core.cache)
     cache_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    # What clients may make the server hold (kernel.core.holding): answers not yet read by their
+    # clients and partial requests, each bounded in total, and a client that makes no progress for
+    # the stall timeout is cut (--max-held-output-bytes, --max-held-input-bytes, --client-stall-timeout-secs).
+    max_held_output_bytes: int = 1 << 30
+    max_held_input_bytes: int = 1 << 30
+    client_stall_timeout_secs: float = 60.0
 
 
 class StartupError(Exception):
@@ -93,6 +100,11 @@ class Server:
         self.shared_memory = SharedMemoryManager()
         # The response cache (--cache-config); models that enable response_cache use it.
         self.response_cache = create_cache(options.cache_config)
+        # Bytes held for slow clients, every transport's connections together (kernel.core.holding).
+        self.held_output = HeldBytes("answers waiting for slow clients", options.max_held_output_bytes,
+                                     options.client_stall_timeout_secs)
+        self.held_input = HeldBytes("request bytes from slow clients", options.max_held_input_bytes,
+                                    options.client_stall_timeout_secs)
 
     # ---- health and metadata ---------------------------------------------
 
@@ -180,6 +192,10 @@ class Server:
         return queued + sum(inst.in_flight for m in models for inst in m.instances)
 
     # ---- statistics ------------------------------------------------------------
+
+    def transfers(self) -> int:
+        """Bodies being read and answers being written on every transport (see Transport.transfers)."""
+        return sum(t.transfers() for t in self.transports)
 
     def statistics(self, name: str = "", version: str = "") -> dict:
         """The statistics extension's `$stats_model_response` (also behind gRPC ModelStatistics).
@@ -284,7 +300,9 @@ class Server:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         log.info("Waiting for in-flight requests to complete.")
-        while self.in_flight() and loop.time() < deadline:
+        # Requests inside models, and transfers still going on the transports (a body being read,
+        # an answer being written): both finish within the exit timeout.
+        while (self.in_flight() or self.transfers()) and loop.time() < deadline:
             await asyncio.sleep(0.02)
         remaining = self.in_flight()
         log.info("Timeout %d: Found %d in-flight requests", int(max(0, deadline - loop.time())), remaining)
@@ -300,6 +318,13 @@ class Server:
         for m in models:
             m.state = ModelState.UNAVAILABLE
             log.info("successfully unloaded '%s' version %d", m.name, m.version)
+        for t in self.transports:
+            try:
+                await t.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing %s failed", t.service_name)
+        self.held_output.close()
+        self.held_input.close()
         self.shared_memory.close()
         if self.tracer is not None:
             await self.tracer.close()

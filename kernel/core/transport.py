@@ -17,6 +17,16 @@ class Transport(abc.ABC):
     async def stop(self) -> None:
         """Stop accepting new requests and connections; in-flight requests finish on their own."""
 
+    def transfers(self) -> int:
+        """Bodies still being read and answers still being written on this transport.
+
+        The server's stop waits for these as it waits for requests inside models, within
+        --exit-timeout-secs: a client reading a 64 MB answer at SIGTERM gets all of it."""
+        return 0
+
+    async def close(self) -> None:
+        """Cut whatever is still open: the exit timeout is spent (called after stop())."""
+
 
 class TransportStartError(OSError):
     """A transport could not start (its port taken, its address not this machine's...).

@@ -123,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
       help="seconds to wait for in-flight requests at shutdown")
     a("--allow-remote-binding", type=parse_bool, default=False,
       help="Kernel only: processes of this user on this host may bind models (PyTriton's RemoteTriton)")
+    a("--max-held-output-bytes", type=parse_int64, default=1 << 30,
+      help="Kernel only: answers not yet read by their clients, all connections together; past it the "
+           "longest-stalled readers are cut and new requests get 503")
+    a("--max-held-input-bytes", type=parse_int64, default=1 << 30,
+      help="Kernel only: partly received request bodies and messages, all connections together")
+    a("--client-stall-timeout-secs", type=parse_float, default=60.0,
+      help="Kernel only: seconds a client may hold an answer or a partial request without progress")
 
     a = flag_adder(g["Logging"])
     a("--log-verbose", type=parse_verbose_level, default=0,
@@ -437,6 +444,9 @@ def build_server(args) -> "Server":
         trace=trace_config,
         log=log_settings,
         cache_config=_parse_cache_config(args.cache_config, args.response_cache_byte_size),
+        max_held_output_bytes=args.max_held_output_bytes,
+        max_held_input_bytes=args.max_held_input_bytes,
+        client_stall_timeout_secs=args.client_stall_timeout_secs,
     )
     backends = {}
     worker_log = {
