@@ -8,11 +8,15 @@ For `--seconds` (default 600) it runs, all on 127.0.0.1:
 - a malformed-request loop cycling through the attacks of tests/hostile (bad parameters and
   data, deep JSON, bad framing and gzip, oversized and slow headers, half-sent bodies,
   bad shared-memory registrations and a shrunk region, hostile load requests);
-- a SIGKILL of one model worker every `--kill-every` seconds.
+- a SIGKILL of one model worker every `--kill-every` seconds;
+- with --ownership (on by default), the loops of benchmarks/soak_ownership.py (issue 23):
+  buffer-reusing models whose every answer is checked byte for byte, slow readers and stalled
+  uploads that the server must cut once --client-stall-timeout-secs / --http-body-timeout-secs pass.
 
 Every request is accounted for: answered (by status / error kind) or lost (no answer at all
 within 60 s: a timeout or a connection dropped without a response). Every 10 s it samples the
-front process's RSS, its open memfd segments and /dev/shm. At the end each model must still
+front process's RSS, its open memfd segments and /dev/shm, and each process's (front and workers)
+RSS and shared memory. At the end each model must still
 answer (no wedged model), the server must stop within its exit timeout, and /dev/shm must hold
 nothing new. Writes benchmarks/results/soak.md and soak.json.
 
@@ -46,6 +50,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ADD_SUB = HERE / "model_repo" / "add_sub"
+SOAK_MODELS = HERE / "model_repo_soak"  # the buffer-reusing and large-answer models of soak_ownership.py
 STREAM_MODEL = ROOT / "tests" / "models" / "good" / "repeat_int32"
 LOST_AFTER_S = 60.0
 
@@ -113,6 +118,8 @@ def make_repo(root: Path) -> Path:
     text = (x2 / "config.pbtxt").read_text().replace('name: "add_sub"', 'name: "add_sub_x2"')
     (x2 / "config.pbtxt").write_text(text.replace("count: 1", "count: 2"))
     shutil.copytree(STREAM_MODEL, repo / "repeat_int32")
+    for model in SOAK_MODELS.iterdir():
+        shutil.copytree(model, repo / model.name)
     return repo
 
 
@@ -149,6 +156,17 @@ def memfds(pid: int) -> int:
     return n
 
 
+def memory_kb(pid: int) -> tuple[int, int]:
+    """(VmRSS, RssShmem) of a process in KiB: its resident memory, and how much of that is shared memory."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "RssShmem"):
+                fields[key] = int(rest.split()[0])
+    return fields.get("VmRSS", 0), fields.get("RssShmem", 0)
+
+
 def dev_shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
@@ -173,6 +191,7 @@ class Soak:
         self.http = f"http://127.0.0.1:{http_port}"
         self.grpc = f"127.0.0.1:{grpc_port}"
         self.http_port = http_port
+        self.grpc_port = grpc_port
         self.server = server
         self.ledger = Ledger()
         self.deadline = 0.0
@@ -399,21 +418,37 @@ class Soak:
     async def sample_loop(self, start: float) -> None:
         while self.running():
             try:
+                workers = worker_pids(self.server.pid)
+                per_process = {}
+                for pid in [self.server.pid, *workers]:
+                    try:
+                        per_process[str(pid)] = memory_kb(pid)
+                    except OSError:
+                        pass
                 self.samples.append({
                     "t_s": round(time.monotonic() - start, 1), "rss_mb": round(rss_mb(self.server.pid), 1),
-                    "memfds": memfds(self.server.pid), "workers": len(worker_pids(self.server.pid)),
+                    "memfds": memfds(self.server.pid), "workers": len(workers),
                     "dev_shm": len(dev_shm()), "sent": sum(self.ledger.sent.values()),
+                    "processes": per_process,
                 })
             except (OSError, StopIteration):
                 pass
             await asyncio.sleep(10)
 
     async def run(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # The blocking clients (gRPC streams, raw sockets) each take a thread for their whole run.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(64))
         start = time.monotonic()
         self.deadline = start + self.args.seconds
         tasks = [self.http_loop(i) for i in range(self.args.http_clients)]
         tasks += [self.grpc_loop(i) for i in range(self.args.grpc_clients)]
         tasks += [self.stream_loop(), self.malformed_loop(), self.kill_loop(), self.sample_loop(start)]
+        if self.args.ownership:
+            from soak_ownership import Ownership
+
+            tasks += Ownership(self, self.args.stall_timeout, self.args.body_timeout).tasks()
         await asyncio.gather(*tasks)
 
     async def still_serving(self) -> dict[str, str]:
@@ -466,6 +501,18 @@ def write_report(out: Path, doc: dict) -> None:
         L.append(f"| {x['t_s']} | {x['rss_mb']} | {x['memfds']} | {x['workers']} | {x['dev_shm']} | {x['sent']} |")
     if s:
         L += ["", f"RSS: first {s[0]['rss_mb']} MB, max {max(x['rss_mb'] for x in s)} MB, last {s[-1]['rss_mb']} MB."]
+        L += ["", "Per process (the front, then each worker process seen; a killed worker's successor is a new row): "
+                  "peak RSS and peak shared memory resident (RssShmem), MB:", "",
+              "| pid | role | samples | peak RSS | peak shared | last RSS | last shared |", "|---:|---|---:|---:|---:|---:|---:|"]
+        front = str(doc.get("server_pid", ""))
+        seen: dict[str, list] = {}
+        for x in s:
+            for pid, (rss, shm) in x.get("processes", {}).items():
+                seen.setdefault(pid, []).append((rss, shm))
+        for pid, values in seen.items():
+            L.append(f"| {pid} | {'front' if pid == front else 'worker'} | {len(values)} | "
+                     f"{max(v[0] for v in values) / 1024:.0f} | {max(v[1] for v in values) / 1024:.0f} | "
+                     f"{values[-1][0] / 1024:.0f} | {values[-1][1] / 1024:.0f} |")
     (out / "soak.md").write_text("\n".join(L) + "\n")
 
 
@@ -476,6 +523,11 @@ def main() -> int:
     p.add_argument("--grpc-clients", type=int, default=2)
     p.add_argument("--kill-every", type=float, default=30.0, help="seconds between worker kills")
     p.add_argument("--exit-timeout", type=int, default=10)
+    p.add_argument("--ownership", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the issue-23 loops of soak_ownership.py (buffer-reusing models, slow clients)")
+    p.add_argument("--stall-timeout", type=float, default=10.0, help="the server's --client-stall-timeout-secs")
+    p.add_argument("--body-timeout", type=float, default=10.0, help="the server's --http-body-timeout-secs")
+    p.add_argument("--max-held-output", type=int, default=512 << 20, help="the server's --max-held-output-bytes")
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--render", type=Path, metavar="SOAK_JSON", help="only rewrite soak.md from an earlier soak.json")
     args = p.parse_args()
@@ -495,7 +547,12 @@ def main() -> int:
     cmd = [sys.executable, "-m", "kernel", "serve", "--model-repository", str(repo), "--http-port", str(http_port),
            "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
            "--exit-timeout-secs", str(args.exit_timeout), "--model-control-mode", "explicit",
-           "--load-model", "add_sub", "--load-model", "add_sub_x2", "--load-model", "repeat_int32"]
+           "--load-model", "add_sub", "--load-model", "add_sub_x2", "--load-model", "repeat_int32",
+           "--client-stall-timeout-secs", str(args.stall_timeout), "--http-body-timeout-secs", str(args.body_timeout),
+           "--max-held-output-bytes", str(args.max_held_output)]
+    if args.ownership:
+        for model in sorted(SOAK_MODELS.iterdir()):
+            cmd += ["--load-model", model.name]
     server = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
@@ -531,13 +588,14 @@ def main() -> int:
                       for (s, k), n in sorted(L.kinds.items()) if n],
             "kills": soak.kills, "server_deaths": deaths, "still_serving": serving, "exit_code": code,
             "stop_s": stop_s, "exit_timeout": args.exit_timeout, "dev_shm_new_after_exit": new_shm,
-            "dev_shm_foreign": foreign_shm,
+            "dev_shm_foreign": foreign_shm, "server_pid": server.pid,
             "samples": soak.samples,
         }
         write_report(args.out, doc)
         print((args.out / "soak.md").read_text())
+        wrong = sum(n for (_, kind), n in L.kinds.items() if "WRONG" in kind or "HELD PAST" in kind)
         ok = (not sum(L.lost.values()) and not deaths and all(v == "200" for v in serving.values())
-              and not new_shm)
+              and not new_shm and not wrong)
         return 0 if ok else 1
     finally:
         if server.poll() is None:
