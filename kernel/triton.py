@@ -308,11 +308,15 @@ class Triton:
         with self._cv:
             self._stopped = False
             self._fatal = None
-        if self._config.allow_remote_binding:
-            self._start_remote_binding(runtime)
+        if self._config.allow_remote_binding is not False:
+            self._start_remote_binding(runtime, required=self._config.allow_remote_binding is True)
 
-    def _start_remote_binding(self, runtime) -> None:
-        """Open the socket RemoteTriton processes of this user dial (named after the HTTP and gRPC ports)."""
+    def _start_remote_binding(self, runtime, required: bool) -> None:
+        """Open the socket RemoteTriton processes of this user dial (named after the HTTP and gRPC ports).
+
+        On unless the config turns it off, as PyTriton's Triton() takes remote binds from the start: only
+        processes of this user on this host can reach the socket (kernel.proxy.remote_socket). When it
+        was not asked for explicitly, failing to open it leaves the server serving without it."""
         from kernel.serve.remote import start_remote_binding
 
         args = runtime.args
@@ -321,6 +325,9 @@ class Triton:
         try:
             self._remote = runtime.call(start_remote_binding(runtime.server, self._backend, store, ports), 30)
         except OSError as exc:
+            if not required:
+                LOGGER.warning("Remote binding is not available (RemoteTriton cannot bind into this server): %s", exc)
+                return
             self.stop()
             raise PyTritonRuntimeError(f"Remote binding cannot be enabled: {exc}") from None
 

@@ -87,7 +87,8 @@ class TritonConfig:
     cache_config: Optional[List[str]] = None
     cache_directory: Optional[str] = None
     buffer_manager_thread_count: Optional[int] = None
-    #: Kernel's own: let processes of this user on this host bind models with RemoteTriton (off by default).
+    #: Processes of this user on this host may bind models with RemoteTriton (None: yes, as in PyTriton;
+    #: False turns it off). Kernel's own field; `kernel serve` needs --allow-remote-binding instead.
     allow_remote_binding: Optional[bool] = None
 
     def __post_init__(self):

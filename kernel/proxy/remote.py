@@ -4,22 +4,18 @@ them as models of a server running in another process on the same host.
 The binding process is a worker that dials in instead of being spawned: it connects to the
 server's Unix socket, says which models it binds (their generated config.pbtxt and output specs),
 and then answers inference calls for them. Messages are msgspec Structs, msgpack-encoded, each
-behind a 4-byte big-endian length; tensors ride inline. Both sides import only this module, so it
-holds nothing but data types, the framing and the socket's well-known place.
+behind a 4-byte big-endian length; tensors ride inline. Both sides import only this module and
+kernel.proxy.remote_socket, so it holds nothing but data types and the framing.
 
-The socket lives in a per-user folder that only its owner can enter (/tmp/kernel-remote-<uid>/),
-named after the server's HTTP and gRPC ports, so `RemoteTriton(url="localhost:8000")` finds the
-server it names. A Unix socket cannot be reached from another host, and the server also checks
-the peer's uid (SO_PEERCRED).
+The socket is named after the server's HTTP and gRPC ports, so `RemoteTriton(url="localhost:8000")`
+finds the server it names; kernel.proxy.remote_socket says in which private per-user folder, and
+checks that the process at the other end runs as the same user. A Unix socket cannot be reached
+from another host.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import stat
 import struct
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 import msgspec
@@ -176,38 +172,3 @@ def from_array(array: Array, writable: bool = True) -> np.ndarray:
         return np.zeros(shape, dtype)
     data = bytearray(array.data) if writable else array.data
     return np.frombuffer(data, dtype).reshape(shape)
-
-
-# ---- where the socket is ------------------------------------------------------------------------------
-
-
-def socket_folder() -> Path:
-    return Path("/tmp") / f"kernel-remote-{os.getuid()}"
-
-
-def socket_path(port: int) -> Path:
-    """The socket of the server whose HTTP or gRPC port is `port`."""
-    return socket_folder() / f"{int(port)}.sock"
-
-
-def private_folder() -> Path:
-    """The socket folder, created if needed; refused unless this user owns it and nobody else may enter."""
-    folder = socket_folder()
-    try:
-        folder.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    info = folder.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(
-            f"{folder} must be a folder owned by uid {os.getuid()} with mode 0700 (it has uid {info.st_uid}, "
-            f"mode {oct(info.st_mode & 0o777)})"
-        )
-    return folder
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a Unix socket."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid

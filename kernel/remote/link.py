@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from kernel.exceptions import PyTritonUnrecoverableError
 from kernel.proxy import remote as proto
+from kernel.proxy import remote_socket as place
 from kernel.proxy.types import Request
 
 LOGGER = logging.getLogger("kernel.remote")
@@ -29,6 +30,10 @@ LOGGER = logging.getLogger("kernel.remote")
 
 class LinkError(ConnectionError):
     """The server cannot be reached, refused the connection, or the connection ended."""
+
+
+class NotOurServer(LinkError):
+    """The process listening on the socket runs as another user: nothing was sent to it."""
 
 
 class _Answer:
@@ -47,13 +52,20 @@ def _is_async(fn: Callable) -> bool:
 class Link:
     """A connection to the server's remote-binding socket."""
 
-    def __init__(self, path: Path, on_lost: Callable[[], None], on_unrecoverable: Callable[[BaseException], None]):
+    def __init__(self, path: Path, on_lost: Callable[[], None], on_unrecoverable: Callable[[BaseException], None],
+                 uid: Optional[int] = None):
+        """Connect to `path`; the process listening there must run as `uid` (default: this process's)."""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(str(path))
         except OSError as exc:
             self._sock.close()
             raise LinkError(f"cannot connect to {path}: {exc}") from None
+        try:  # before the first frame: our models' configs and answers go to our own user's server only
+            place.check_peer(self._sock, uid, str(path))
+        except place.PeerRefused as exc:
+            self._sock.close()
+            raise NotOurServer(str(exc)) from None
         self._send_lock = threading.Lock()
         self._on_lost = on_lost
         self._on_unrecoverable = on_unrecoverable

@@ -6,10 +6,11 @@
 
 As in PyTriton's remote mode, the callables run in this process and the models are served by the
 server at `url` for as long as this object is connected; they are unloaded when it stops (or the
-process dies). The server must allow it (TritonConfig(allow_remote_binding=True),
-PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING=true in its environment, or `kernel serve
---allow-remote-binding=true`), and only processes of the
-same user on the same host can: the connection is a Unix socket, so `url` must name this host.
+process dies). A Triton() allows it unless its config says allow_remote_binding=False, as
+PyTriton's does; `kernel serve` only with --allow-remote-binding=true. Only processes of the same
+user on the same host can bind: the connection is a Unix socket in a folder private to the user
+(kernel.proxy.remote_socket), whose other end must run as the same user, so `url` must name this
+host. The url's port only says which server: nothing of the binding is sent to it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from kernel.exceptions import PyTritonInvalidOperationError, PyTritonModelConfig
 from kernel.model_config.model_config import ModelConfig
 from kernel.model_config.tensor import Tensor
 from kernel.proxy import remote as proto
-from kernel.remote.link import Link, LinkError
+from kernel.proxy import remote_socket as place
+from kernel.remote.link import Link, LinkError, NotOurServer
 from kernel.triton_model import BoundCallables, validate_model_name
 from kernel.workspace import Workspace
 
@@ -140,6 +142,21 @@ class RemoteTriton:
             if self._stopped:
                 raise PyTritonInvalidOperationError("RemoteTriton was stopped; create a new one")
         _check_same_host(self._url)
+        link = self._dial(grace_s=0.0)  # a server of ours already up: no need to ask the port anything
+        if link is None:
+            self._wait_for_server()
+            link = self._dial(grace_s=SOCKET_GRACE_S)
+        with self._cv:
+            self._link = link
+            models = list(self._models.values())
+        for model in models:
+            self._bind_remote(model)
+        with self._cv:
+            self._connected = True
+
+    def _wait_for_server(self) -> None:
+        """As PyTriton: wait up to SERVER_READY_TIMEOUT_S for the server at the url to be ready. Nothing
+        of the binding goes this way: whoever answers on the port, the models go over the socket."""
         from kernel.client.utils import create_client_from_url, wait_for_server_ready  # tritonclient: load late
         headers = {"triton-access-token": self._access_token} if self._access_token else None
         with warnings.catch_warnings():
@@ -151,29 +168,34 @@ class RemoteTriton:
             raise TimeoutError("Triton Inference Server is not ready after timeout.") from exc
         finally:
             client.close()
-        link = self._dial(proto.socket_path(self._url.port))
-        with self._cv:
-            self._link = link
-            models = list(self._models.values())
-        for model in models:
-            self._bind_remote(model)
-        with self._cv:
-            self._connected = True
 
-    def _dial(self, path: pathlib.Path) -> Link:
-        """Connect to the server's binding socket; a server answers ready a moment before it opens it."""
-        deadline = time.monotonic() + SOCKET_GRACE_S
+    def _dial(self, grace_s: float) -> Optional[Link]:
+        """Connect to the binding socket of this user's server with the url's port (a server answers
+        ready a moment before it opens it, hence the grace). Only sockets in this user's private
+        folders are tried, and only one whose listening process runs as this user is kept. None when
+        there is none and grace_s is 0."""
+        port = self._url.port
+        deadline = time.monotonic() + grace_s
         while True:
-            try:
-                return Link(path, on_lost=self._on_lost, on_unrecoverable=self._on_unrecoverable)
-            except LinkError as exc:
-                if time.monotonic() >= deadline:
-                    raise PyTritonInvalidOperationError(
-                        f"The server at {self._url.with_scheme} does not accept remote binding ({exc}); start it "
-                        "with TritonConfig(allow_remote_binding=True), PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING="
-                        "true or `kernel serve --allow-remote-binding=true`, as the same user on this host"
-                    ) from None
+            problems = []
+            for path in place.candidate_sockets(port):
+                try:
+                    return Link(path, on_lost=self._on_lost, on_unrecoverable=self._on_unrecoverable)
+                except NotOurServer as exc:
+                    problems.append(f"refused {path}: {exc}")
+                except LinkError as exc:
+                    problems.append(str(exc))  # a socket left by a server that is gone
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.1)
+        if not grace_s:
+            return None
+        where = "; ".join(problems) or f"no socket for port {port} in this user's private folders"
+        raise PyTritonInvalidOperationError(
+            f"The server at {self._url.with_scheme} does not accept remote binding ({where}). A Triton() started "
+            "by this user on this host accepts it unless TritonConfig(allow_remote_binding=False) turns it off; "
+            "`kernel serve` needs --allow-remote-binding=true"
+        )
 
     def serve(self, monitoring_period_s: float = MONITORING_PERIOD_S) -> None:
         """Serve until Ctrl-C, SIGTERM, stop() from another thread, or the server going away."""

@@ -1,7 +1,8 @@
 """Remote binding, server side: processes on this host bind callables into a running server
 (PyTriton's RemoteTriton).
 
-A binding process dials the server's Unix socket (kernel.proxy.remote says where) and is then
+A binding process dials the server's Unix socket (kernel.proxy.remote_socket says where, and checks
+that both ends run as the same user) and is then
 served like a worker: each model it binds is loaded through the one loader with the config.pbtxt
 it generated, and its instances are proxies in the callable backend that send each batch over
 the connection and turn the answers back into results. The callable backend therefore checks
@@ -10,7 +11,8 @@ and converts remote results exactly as it does local ones.
 Connections and proxies live on the callable backend's async loop; loading and unloading run on
 the server's own loop. A connection that ends (the process exited, crashed or stopped) unloads
 its models; calls in flight on it fail with an error naming the process. Other models, local or
-bound by other processes, are not touched. Off unless the server is started with it enabled.
+bound by other processes, are not touched. On in Triton() unless its config turns it off; in
+`kernel serve` only with --allow-remote-binding.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from kernel.core.errors import KernelError
 from kernel.core.server import Server
 from kernel.protos import model_config_pb2
 from kernel.proxy import remote as proto
+from kernel.proxy import remote_socket as place
 
 log = logging.getLogger("kernel.remote")
 
@@ -155,6 +158,8 @@ class RemoteBindingService:
         self.store = Path(store)
         self.ports = [p for p in ports if p]
         self.paths: List[Path] = []
+        self.uid = os.getuid()  # the only user whose processes may bind
+        self._folder: Optional[Path] = None  # a fresh folder of ours, removed at close
         self._listener: Optional[asyncio.AbstractServer] = None
         self._front: Optional[asyncio.AbstractEventLoop] = None
         self._connections: set = set()
@@ -170,20 +175,22 @@ class RemoteBindingService:
         await self._on(self.backend.runner.loop, self._listen())
 
     async def _listen(self) -> None:
-        folder = await asyncio.to_thread(proto.private_folder)
-        main = proto.socket_path(self.ports[0])
+        folder, fresh = await asyncio.to_thread(place.server_folder)
+        if fresh:
+            self._folder = folder
+        main = folder / place.socket_name(self.ports[0])
         await asyncio.to_thread(_clear_stale, main)
         self._listener = await asyncio.start_unix_server(self._serve, path=str(main))
         os.chmod(main, 0o600)
         self.paths.append(main)
         for port in self.ports[1:]:
-            alias = proto.socket_path(port)
+            alias = folder / place.socket_name(port)
             await asyncio.to_thread(_clear_stale, alias)
             alias.symlink_to(main.name)
             self.paths.append(alias)
         self.store.mkdir(parents=True, exist_ok=True)
         log.info("Remote binding enabled: processes of uid %d on this host may bind models through %s",
-                 os.getuid(), folder)
+                 self.uid, main)
 
     def background(self, task: asyncio.Future) -> None:
         """Keep a fire-and-forget task referenced until it is done."""
@@ -213,6 +220,11 @@ class RemoteBindingService:
                 path.unlink()
             except OSError:
                 pass
+        if self._folder is not None:
+            try:
+                self._folder.rmdir()
+            except OSError:
+                pass
         for connection in list(self._connections):
             connection.lost()
             connection.writer.close()
@@ -224,13 +236,10 @@ class RemoteBindingService:
     # ---- one binding process --------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        try:
-            uid = proto.peer_uid(sock)
-        except OSError:
-            uid = -1
-        if uid != os.getuid():
-            log.warning("refused a remote binding connection from uid %d (only uid %d may bind)", uid, os.getuid())
+        try:  # before reading anything: another user's process gets nothing, not even an error frame
+            place.check_peer(writer.get_extra_info("socket"), self.uid, "a remote-binding connection")
+        except place.PeerRefused as exc:
+            log.warning("Refused a remote-binding connection: %s", exc)
             writer.close()
             return
         try:
@@ -405,7 +414,11 @@ async def start_remote_binding(server: Server, backend: CallableBackend, store: 
                                ports: List[int]) -> RemoteBindingService:
     """On the server's loop: open the remote binding socket for a server that has `backend` installed."""
     service = RemoteBindingService(server, backend, store, ports)
-    await service.start()
+    try:
+        await service.start()
+    except BaseException:
+        await asyncio.to_thread(service.close)  # no socket left listening for a server that has none
+        raise
     return service
 
 

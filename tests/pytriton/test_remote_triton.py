@@ -2,8 +2,10 @@
 another, through the server's remote-binding socket.
 
 The three-process scenario of PyTriton's simple_python_remote_mode example runs as real processes
-(a server binding AddSub, two binders, the test as client); the finer behaviour is checked with the
-server and a RemoteTriton in this process, which talk over the same socket."""
+(a server binding AddSub, two binders, the test as client), with nothing but ports in their
+environment: a Triton() takes remote binds by default, as PyTriton's does. The finer behaviour is
+checked with the server and a RemoteTriton in this process, which talk over the same socket.
+Who may be at either end of that socket is tested in test_remote_socket.py."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from kernel.decorators import batch
 from kernel.exceptions import PyTritonInvalidOperationError, PyTritonModelConfigError, PyTritonUnrecoverableError
 from kernel.model_config import ModelConfig, Tensor
 from kernel.proxy import remote as proto
+from kernel.proxy import remote_socket as place
 from kernel.triton import RemoteTriton, Triton, TritonConfig
 
 VEC = [Tensor(name="x", dtype=np.float32, shape=(-1,))]
@@ -38,8 +41,26 @@ OUT = [Tensor(name="y", dtype=np.float32, shape=(-1,))]
 X = np.array([[1.0, 2.0]], np.float32)
 
 
+_WORKSPACES: list = []  # the module's tmp folder, set by the autouse fixture below
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _workspace_root(tmp_path_factory):
+    _WORKSPACES.append(tmp_path_factory.mktemp("remote-ws"))
+    yield
+    _WORKSPACES.pop()
+
+
 def workspace() -> Path:
-    return Path(tempfile.mkdtemp(prefix="kernel-remote-test-")) / "ws"
+    """A workspace path of its own under the module's tmp folder (Triton and RemoteTriton create it)."""
+    return _WORKSPACES[-1] / f"ws-{time.monotonic_ns()}"
+
+
+def socket_of(port: int) -> Path:
+    """The socket a server of this user with HTTP or gRPC port `port` listens on."""
+    found = place.candidate_sockets(port)
+    assert found, f"no remote-binding socket for port {port}"
+    return found[0]
 
 
 def config(**extra) -> TritonConfig:
@@ -88,7 +109,7 @@ SERVER = '''
         a, b = inputs.values()
         return {"add": a + b, "sub": a - b}
 
-    with Triton() as triton:  # ports and allow_remote_binding from PYTRITON_TRITON_CONFIG_*
+    with Triton() as triton:  # ports from PYTRITON_TRITON_CONFIG_*; remote binding is on by default
         triton.bind(model_name="AddSub", infer_func=add_sub,
                     inputs=[Tensor(dtype=np.float32, shape=(-1,)), Tensor(dtype=np.float32, shape=(-1,))],
                     outputs=[Tensor(name="add", dtype=np.float32, shape=(-1,)),
@@ -122,9 +143,9 @@ BINDER = '''
 '''
 
 
-def _start(script: Path, log: Path, env=None) -> subprocess.Popen:
+def _start(script: Path, log: Path, env=None, base=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
+                            env={**(os.environ if base is None else base), **(env or {})})
 
 
 def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout: float = 30.0) -> int:
@@ -141,17 +162,18 @@ def _stop(proc: subprocess.Popen, sig=signal.SIGINT, timeout: float = 30.0) -> i
 def test_server_two_remote_binders_and_a_client(tmp_path):
     http, grpc, metrics = free_ports(3)
     env = {"PYTRITON_TRITON_CONFIG_HTTP_PORT": str(http), "PYTRITON_TRITON_CONFIG_GRPC_PORT": str(grpc),
-           "PYTRITON_TRITON_CONFIG_METRICS_PORT": str(metrics),
-           "PYTRITON_TRITON_CONFIG_ALLOW_REMOTE_BINDING": "true", "PYTRITON_HOME": str(tmp_path / "home")}
+           "PYTRITON_TRITON_CONFIG_METRICS_PORT": str(metrics), "PYTRITON_HOME": str(tmp_path / "home")}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTRITON_TRITON_CONFIG_")}
     (tmp_path / "server.py").write_text(textwrap.dedent(SERVER))
     for model, operation in (("Mul", "np.multiply(a, b)"), ("Power", "np.power(a, b)")):
         text = textwrap.dedent(BINDER).replace("{OPERATION}", operation).replace("{MODEL}", model)
         (tmp_path / f"{model}.py").write_text(text.replace("{PORT}", str(http)))
-    server = _start(tmp_path / "server.py", tmp_path / "server.log", env)
+    server = _start(tmp_path / "server.py", tmp_path / "server.log", env, environ)
     binders = {}
     try:
         assert wait_code(http, "AddSub", 200, 60), (tmp_path / "server.log").read_text()
-        binders = {m: _start(tmp_path / f"{m}.py", tmp_path / f"{m}.log", env) for m in ("Mul", "Power")}
+        binders = {m: _start(tmp_path / f"{m}.py", tmp_path / f"{m}.log", {"PYTRITON_HOME": env["PYTRITON_HOME"]},
+                             environ) for m in ("Mul", "Power")}
         for model in binders:
             assert wait_code(http, model, 200, 60), (tmp_path / f"{model}.log").read_text()
         a = np.array([[1.0], [2.0]], np.float32)
@@ -193,7 +215,7 @@ def test_server_two_remote_binders_and_a_client(tmp_path):
         with ModelClient(f"localhost:{http}", "AddSub") as c:
             assert c.infer_batch(a, b)["sub"].tolist() == [[-1.0], [-1.0]]
         assert _stop(server) == 0
-        assert not proto.socket_path(http).exists() and not os.path.lexists(proto.socket_path(grpc))
+        assert place.candidate_sockets(http) == [] and place.candidate_sockets(grpc) == []
     finally:
         for proc in (*binders.values(), server):
             _stop(proc, signal.SIGKILL)
@@ -204,8 +226,8 @@ def test_server_two_remote_binders_and_a_client(tmp_path):
 
 @pytest.fixture(scope="module")
 def host():
-    """A Triton() that allows remote binding, serving one local model."""
-    cfg = config(allow_remote_binding=True)
+    """A Triton() (remote binding on by default), serving one local model."""
+    cfg = config()
     t = Triton(config=cfg, workspace=workspace())
     t.bind("local", lambda requests: [{"y": r["x"] + 1} for r in requests], VEC, OUT,
            config=ModelConfig(max_batch_size=8))
@@ -359,7 +381,7 @@ def test_bind_after_connect_and_replacing_a_remote_model(host):
 def test_life_cycle_states_and_replacing_a_local_model():
     """The states PyTriton's remote life-cycle suite checks, and its name clash: a remote bind of the
     local model's name serves the remote callable, and the name is gone once the remote stops."""
-    cfg = config(allow_remote_binding=True)
+    cfg = config()
     with Triton(config=cfg, workspace=workspace()) as t:
         t.bind("clash", lambda requests: [{"y": r["x"]} for r in requests], VEC, OUT)
         t.bind("empty", lambda: None, [], [])
@@ -379,7 +401,7 @@ def test_life_cycle_states_and_replacing_a_local_model():
 
 
 def test_server_stop_ends_remote_serve():
-    cfg = config(allow_remote_binding=True)
+    cfg = config()
     server = Triton(config=cfg, workspace=workspace())
     server.run()
     rt = RemoteTriton(url=f"grpc://localhost:{cfg.grpc_port}", workspace=workspace())  # the gRPC port works too
@@ -393,8 +415,8 @@ def test_server_stop_ends_remote_serve():
     assert rt.stop() is False
 
 
-def test_off_unless_the_server_allows_it():
-    cfg = config()
+def test_off_when_the_config_turns_it_off():
+    cfg = config(allow_remote_binding=False)
     with Triton(config=cfg, workspace=workspace()):
         rt = RemoteTriton(url=f"localhost:{cfg.http_port}", workspace=workspace())
         with pytest.raises(PyTritonInvalidOperationError, match="allow_remote_binding"):
@@ -409,9 +431,16 @@ def test_only_this_host():
     rt.stop()
 
 
-@pytest.mark.skipif(os.getuid() != 0, reason="needs root to try as another user")
 def test_other_users_cannot_reach_the_socket(host):
-    path = proto.socket_path(host.http_port)
+    """The socket is 0600 in a folder only this user may enter (0700); as root, a process of another
+    user is also tried (the peer-uid check behind it is tested in test_remote_socket.py)."""
+    import stat
+
+    path = socket_of(host.http_port)
+    assert place.problem(path.parent) is None and stat.S_IMODE(path.parent.lstat().st_mode) == 0o700
+    assert path.lstat().st_uid == os.getuid() and stat.S_IMODE(path.lstat().st_mode) == 0o600
+    if os.getuid() != 0:
+        return
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the child
         import socket
@@ -453,7 +482,7 @@ def test_kernel_serve_allows_remote_binding_only_with_the_flag(start_kernel):
     assert ready_code(k.http_port, "r_doubled") == 400
     assert k.wait_for_log("bound by remote process")
     assert k.stop() == 0
-    assert not os.path.lexists(proto.socket_path(k.http_port))
+    assert place.candidate_sockets(k.http_port) == []
 
 
 def _raw_exchange(sock, message):
@@ -478,7 +507,7 @@ def test_server_checks_what_a_binding_process_sends(host):
     import socket
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(str(proto.socket_path(host.http_port)))
+        s.connect(str(socket_of(host.http_port)))
         assert _raw_exchange(s, proto.Hello(pid=os.getpid())).error is None
         for name, config_text, expected in (
             ("../escape", 'backend: "python"', "invalid model name"),
@@ -490,7 +519,7 @@ def test_server_checks_what_a_binding_process_sends(host):
             assert isinstance(answer, proto.Answer) and expected in (answer.error or ""), answer
         assert not (Path(tempfile.gettempdir()) / "escape").exists()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(str(proto.socket_path(host.grpc_port)))
+        s.connect(str(socket_of(host.grpc_port)))
         assert _raw_exchange(s, proto.Hello(pid=os.getpid())).error is None
         s.sendall(b"\x00\x00\x00\x05garbage")
         s.settimeout(10)
