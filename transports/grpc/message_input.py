@@ -124,8 +124,7 @@ class MessageInputMixin:
                 return
             held = self.held_input
             if held is not None and held.over_limit:
-                s.parts = []
-                self._finish(s, codec.UNAVAILABLE, held.refusal())
+                self._cut(s, codec.UNAVAILABLE, held.refusal())
                 return
             s.reserved = need
             self.reserved += need

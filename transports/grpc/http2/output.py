@@ -112,12 +112,20 @@ class OutputMixin:
         pending = s.pending
         out = self.out
         max_frame = self.peer_max_frame
+        sent = False
         while pending:
             window = self.send_window if self.send_window < s.send_window else s.send_window
             if self.paused or window <= 0:
-                if s.id not in self.blocked:
+                blocked = self.blocked
+                if s.id not in blocked:
                     self._block(s)
+                elif sent:
+                    # To the back of the line: the next window goes first to the streams that got
+                    # none of this one, so none of them starves (and looks stalled) behind it.
+                    del blocked[s.id]
+                    blocked[s.id] = s
                 break
+            sent = True
             take = min(s.pending_bytes, window, max_frame)
             out.append(frame_head(DATA, 0, s.id, take))
             self.send_window -= take
