@@ -245,6 +245,36 @@ def test_answers_a_client_never_reads_are_bounded_and_cut(stall_server):
     assert_infer_works(stall_server.grpc_url)
 
 
+def test_a_client_that_reads_nothing_is_dropped_after_the_stall_timeout(stall_server):
+    """Open windows but a socket nobody reads: what the transport could not hand to the socket
+    (and the streams behind it) stayed queued as long as the connection was open."""
+    c = connect(stall_server.grpc_port, 1 << 30)
+    try:
+        ids = [1, 3, 5, 7]
+        c.send(b"".join(c.call(sid, INFER, big_request(32)) for sid in ids))  # 128 MiB of answers
+        time.sleep(STALL_S + 4)  # reading nothing meanwhile
+        assert_infer_works(stall_server.grpc_url)
+        decoder = hpack.Decoder()
+        received, ok = 0, []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                kind, _, sid, payload = c.read_frame(5)
+            except Goaway:
+                continue
+            except OSError:  # closed (or reset) by the server, once what was in the socket is read
+                break
+            if kind == DATA:
+                received += len(payload)
+            elif kind == HEADERS and dict(decoder.decode(payload)).get("grpc-status") == "0":
+                ok.append(sid)
+        else:
+            raise AssertionError("the connection is still open")
+        assert not ok and received < 128 * MIB, f"{received} bytes and OK for {ok}: the answers were kept"
+    finally:
+        c.close()
+
+
 def test_answers_held_over_the_global_limit_refuse_new_calls(big_repo):
     """Past --max-held-output-bytes new calls get UNAVAILABLE naming the limit, until the
     longest-stalled streams are cut; then calls are served again."""

@@ -216,11 +216,12 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):
     def pause_writing(self) -> None:
         self.paused = True
         if self.held_output is not None:
-            self.held_output.watch(self)  # until the client reads what it was sent
+            # Watched until its buffer is empty (the account's sweep drops it then), not just
+            # until it is below the low-water mark: a large answer pauses and resumes the
+            # transport many times, and one watch covers all of them.
+            self.held_output.watch(self)
 
     def resume_writing(self) -> None:
-        if self.held_output is not None:
-            self.held_output.unwatch(self)
         self.paused = False
         self.control_queued = 0  # the client reads what it is sent
         if self.reading_paused:
