@@ -250,8 +250,8 @@ def test_a_client_that_reads_nothing_is_dropped_after_the_stall_timeout(stall_se
     (and the streams behind it) stayed queued as long as the connection was open."""
     c = connect(stall_server.grpc_port, 1 << 30)
     try:
-        ids = [1, 3, 5, 7]
-        c.send(b"".join(c.call(sid, INFER, big_request(32)) for sid in ids))  # 128 MiB of answers
+        ids = [1, 3, 5, 7, 9, 11]
+        c.send(b"".join(c.call(sid, INFER, big_request(32)) for sid in ids))  # 192 MiB of answers
         time.sleep(STALL_S + 4)  # reading nothing meanwhile
         assert_infer_works(stall_server.grpc_url)
         decoder = hpack.Decoder()
@@ -270,7 +270,9 @@ def test_a_client_that_reads_nothing_is_dropped_after_the_stall_timeout(stall_se
                 ok.append(sid)
         else:
             raise AssertionError("the connection is still open")
-        assert not ok and received < 128 * MIB, f"{received} bytes and OK for {ok}: the answers were kept"
+        # What the kernel's socket buffers took before the cut still arrives (up to tcp_rmem +
+        # tcp_wmem, 36 MiB here: perhaps a whole answer); the rest was dropped with the connection.
+        assert len(ok) < 3 and received < 96 * MIB, f"{received} bytes and OK for {ok}: the answers were kept"
     finally:
         c.close()
 
