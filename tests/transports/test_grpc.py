@@ -652,6 +652,7 @@ class _InProcessGrpc:
 
     def close(self):
         asyncio.run_coroutine_threadsafe(self.transport.stop(), self.loop).result(30)
+        asyncio.run_coroutine_threadsafe(self.transport.close(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 

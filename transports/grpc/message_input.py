@@ -8,7 +8,11 @@ straight into that buffer (`body_target` / `body_filled`, the hooks of
 http2/data_input.py): a 16 MiB tensor is not copied at all between the kernel's
 socket buffer and the backend. What partial messages may hold is bounded per
 connection (`reserved`, from the declared sizes), and compressed messages are
-inflated under a limit. Mixed into GrpcConnection.
+inflated under a limit. A message that does not arrive in one read is shown to the
+server's account of partial requests (`server.held_input`, kernel.core.holding): a
+call whose message makes no progress for the stall timeout is cut, and while all
+connections together hold more than --max-held-input-bytes new partial messages are
+refused. Mixed into GrpcConnection.
 """
 
 from __future__ import annotations
@@ -24,6 +28,35 @@ from kernel.transports.grpc.http2.frames import U32
 # Request messages of this size (up to the max) are read straight into a buffer of their own.
 DIRECT_MESSAGE = 256 * 1024
 DIRECT_MESSAGE_MAX = 1 << 30
+
+
+class PartialMessage:
+    """A call's request message in progress as the server's account of partial requests sees it
+    (kernel.core.holding.Holder): the bytes received so far, and for a unary call its whole
+    message until the client ends the stream (a client can stop just before that, too)."""
+
+    __slots__ = ("conn", "stream")
+
+    def __init__(self, conn, stream):
+        self.conn = conn
+        self.stream = stream
+
+    def held_bytes(self) -> int:
+        s = self.stream
+        if s.closed or s.remote_closed:
+            return 0
+        if s.msg_view is not None:
+            return 5 + s.msg_filled
+        if s.parts:
+            return s.have
+        n = 0
+        for message in s.messages or ():
+            n += len(message)
+        return n
+
+    def cut(self, reason: str) -> None:
+        if not self.stream.closed:
+            self.conn.cut_stream(self.stream, reason)
 
 
 class MessageInputMixin:
@@ -89,10 +122,17 @@ class MessageInputMixin:
                              f"request messages in progress on this connection would hold more than "
                              f"{self.max_buffered} bytes")
                 return
+            held = self.held_input
+            if held is not None and held.over_limit:
+                self._cut(s, codec.UNAVAILABLE, held.refusal())
+                return
             s.reserved = need
             self.reserved += need
             if DIRECT_MESSAGE <= need <= DIRECT_MESSAGE_MAX:
                 self._start_message(s, rest, need - 5)
+            if held is not None:
+                holder = self.partials[s.id] = PartialMessage(self, s)
+                held.watch(holder)
 
     def _start_message(self, s, head, length: int) -> None:
         """Give a large message its own buffer: the rest of it is read from the socket straight into
@@ -130,8 +170,17 @@ class MessageInputMixin:
         self._on_message(s, view)
 
     def _release(self, s) -> None:
+        """The partial message is complete or dropped: it no longer counts against the connection's
+        limit (a unary call's message stays watched until the client ends the stream)."""
         self.reserved -= s.reserved
         s.reserved = 0
+        if s.session is not None or s.closed:
+            self.unwatch_message(s)
+
+    def unwatch_message(self, s) -> None:
+        holder = self.partials.pop(s.id, None)
+        if holder is not None:
+            self.held_input.unwatch(holder)
 
     def _decompress(self, s, message: bytes) -> Optional[bytes]:
         """The message inflated, never past the limit: a few KB of gzip can expand to gigabytes."""

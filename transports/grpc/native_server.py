@@ -117,6 +117,10 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
         self.ready: list = []  # unary calls whose request is complete, started once the read is handled
         self.max_buffered = server.max_buffered_per_connection
         self.reserved = 0  # declared sizes of the partial request messages of all calls
+        # The server's account of partial request messages (kernel.core.holding; None: not kept),
+        # and the holders it watches for this connection's calls (message_input.py).
+        self.held_input = server.held_input
+        self.partials: dict = {}
 
     # ---- a call starts ----------------------------------------------------------
 
@@ -200,6 +204,8 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
             s.messages.append(message)
 
     def on_end_stream(self, s: GrpcStream) -> None:
+        if self.partials:
+            self.unwatch_message(s)
         if s.closed or s.trailers is not None:
             return
         if s.denied is not None:
@@ -253,6 +259,13 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
         )
 
     def _start_infer(self, s: GrpcStream, msg) -> None:
+        if self.blocked or self.paused:
+            # Answers are waiting for this client to read them: past the connection's bound,
+            # no more work is started for it.
+            refusal = self._output_refusal(0)
+            if refusal is not None:
+                self._finish(s, codec.RESOURCE_EXHAUSTED, refusal)
+                return
         if self.tracer.active:
             s.trace = self.tracer.sample(msg.model_name)
             if s.trace is not None:
@@ -291,6 +304,12 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
         n = size + 5
         if self.send_whole(s, RESPONSE_HEADERS, [b"\x00" + U32.pack(size), *parts], n, TRAILERS_OK):
             return
+        if self.blocked or self.paused:
+            refusal = self._output_refusal(n)
+            if refusal is not None:
+                # Dropped rather than held: the arena regions behind it are released now.
+                self._finish(s, codec.RESOURCE_EXHAUSTED, refusal)
+                return
         self._reply(s, parts, size)
 
     def _call_unary(self, s: GrpcStream, msg) -> None:
@@ -344,10 +363,19 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
                 s.headers_sent = True
                 chunks.append(frame(HEADERS, FLAG_END_HEADERS, s.id, RESPONSE_HEADERS))
             data = []
+            n = 0
             while outbox:
                 body = outbox.popleft()
                 data.append(b"\x00" + U32.pack(len(body)))
                 data.append(body)
+                n += 5 + len(body)
+            if self.blocked or self.paused:
+                refusal = self._output_refusal(n)
+                if refusal is not None:
+                    for c in chunks:
+                        self.write(c)
+                    self._cut(s, codec.RESOURCE_EXHAUSTED, refusal)
+                    return
             self.send(s, chunks, data, None)
         if session.finished:
             error = session.error
@@ -384,25 +412,74 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
         self.send_headers(s.id, literal(b":status", status), end_stream=True)
         self.reset_if_open(s)
 
-    def _deadline_expired(self, s: GrpcStream) -> None:
-        s.timer = None
+    def _cut(self, s: GrpcStream, code: int, message: str) -> None:
+        """End the call now with a status, dropping what it still had to send: the trailers go
+        out at once (HEADERS are not flow-controlled), ahead of DATA the client never took."""
         if s.closed:
             return
         s.pending.clear()
         s.pending_bytes = 0
         s.trailers = None
+        s.parts = []
+        s.messages = []
         if s.headers_sent:
             self.close_stream(s)
-            self.send_headers(s.id, status_block(codec.DEADLINE_EXCEEDED, "Deadline Exceeded"), end_stream=True)
+            self.send_headers(s.id, status_block(code, message), end_stream=True)
             self.reset_if_open(s)
         else:
-            self._finish(s, codec.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self._finish(s, code, message)
+
+    def _deadline_expired(self, s: GrpcStream) -> None:
+        s.timer = None
+        self._cut(s, codec.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def cut_stream(self, s: GrpcStream, reason: str) -> None:
+        """The server's account of held bytes gave up on this call (it made no progress for the
+        stall timeout, or the server holds too much): RESOURCE_EXHAUSTED with the reason."""
+        self._cut(s, codec.RESOURCE_EXHAUSTED, reason)
+
+    def _output_refusal(self, n: int) -> Optional[str]:
+        """Why an answer of n more bytes (0: new work) may not be held on this connection, or None.
+
+        One answer may always go when nothing else is held, however large it is."""
+        held = self.held_output_bytes()
+        limit = self.limits.max_pending_output
+        if held and held + n > limit:
+            return (f"answers waiting on this connection for the client to read them hold {held} bytes; "
+                    f"{n} more would pass the limit of {limit} bytes per connection")
+        return None
+
+    def transfers(self) -> int:
+        """Calls still receiving their request, running or writing their answer, and output the
+        client has not read yet: what a graceful stop waits for. An idle ModelStreamInfer call
+        (nothing in flight, nothing to send) is not one."""
+        n = 0
+        for s in self.streams.values():
+            session = s.session
+            if (session is None or session.inflight or session.outbox or s.pending or s.parts
+                    or s.msg_view is not None):
+                n += 1
+        if not n and self.transport is not None and self.transport.get_write_buffer_size():
+            n = 1
+        return n
+
+    def cut_all(self, message: str) -> None:
+        """The exit timeout is spent: every call ends with UNAVAILABLE now and the connection is
+        dropped, with whatever the client has not read."""
+        for s in list(self.streams.values()):
+            self._cut(s, codec.UNAVAILABLE, message)
+        self.flush()
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
 
     def on_closed(self, s: GrpcStream) -> None:
         """Stop the call's timer and any work still running."""
         s.msg_view = None
         if s.reserved:
             self._release(s)
+        if self.partials:
+            self.unwatch_message(s)
         if s.trace is not None:
             trace, s.trace = s.trace, None
             trace.stamp("GRPC_SEND_END")
@@ -419,7 +496,7 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
 
     def abort(self) -> None:
         for s in list(self.streams.values()):
-            self._finish(s, codec.UNAVAILABLE, "the server is shutting down")
+            self._cut(s, codec.UNAVAILABLE, "the server is shutting down")
         self.close_soon()
 
 
@@ -440,6 +517,10 @@ class NativeServer:
         self.max_message_size = getattr(options, "max_message_size", 2**31 - 1)
         self.max_decompressed_size = getattr(options, "max_decompressed_size", 64 * 1024 * 1024)
         self.max_buffered_per_connection = getattr(options, "max_buffered_per_connection", 1 << 30)
+        # What the server holds for slow clients, all transports together (kernel.core.holding).
+        core = getattr(service, "server", None)
+        self.held_output = getattr(core, "held_output", None)
+        self.held_input = getattr(core, "held_input", None)
         self.recv_buffer = memoryview(bytearray(RECV_BUFFER))  # shared by the connections (one loop)
 
     async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
@@ -453,20 +534,36 @@ class NativeServer:
             return None
         return self._server.sockets[0].getsockname()[1]
 
-    async def stop(self, grace: float) -> None:
+    def stop_accepting(self, grace: float) -> None:
+        """The start of a graceful stop: no new connections; every connection gets GOAWAY (idle ones
+        close at once, the others once their calls are done) and may take up to `grace` seconds to
+        hand its last bytes to a slow reader."""
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
+            conn.linger = max(grace, conn.linger)
             conn.shutdown()
-        deadline = self.loop.time() + grace
-        while self.loop.time() < deadline and any(
-            any(s.request is not None or (s.session is not None and s.session.inflight) for s in c.streams.values())
-            for c in self.connections
-        ):
-            await asyncio.sleep(0.02)
+
+    def transfers(self) -> int:
+        """Calls being received, run or answered, over all connections (GrpcConnection.transfers)."""
+        n = 0
+        for conn in self.connections:
+            n += conn.transfers()
+        return n
+
+    async def close(self) -> None:
+        """The end of a graceful stop: whatever is still open is cut."""
         for conn in list(self.connections):
-            conn.abort()
+            conn.cut_all("the server is shutting down")
         await asyncio.sleep(0)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
+
+    async def stop(self, grace: float) -> None:
+        """A whole graceful stop: calls and transfers get up to `grace` seconds, then the rest is cut."""
+        self.stop_accepting(grace)
+        deadline = self.loop.time() + grace
+        while self.loop.time() < deadline and self.transfers():
+            await asyncio.sleep(0.02)
+        await self.close()

@@ -86,6 +86,9 @@ class InferenceService:
         # The bindings then hand ModelInfer/ModelStreamInfer calls their client metadata.
         self.header_forward = None
         self.tracer = server.tracer
+        # Answers the server holds for slow clients (kernel.core.holding): past its limit new
+        # infer calls are refused with UNAVAILABLE instead of adding to it. None: not kept.
+        self.held_output = getattr(server, "held_output", None)
 
     # ---- health --------------------------------------------------------------
 
@@ -226,6 +229,9 @@ class InferenceService:
         `metadata`: the call's client metadata, given only when headers are forwarded.
         `raws`: the raw_input_contents, when they were split off the message (codec.split_raw_inputs).
         """
+        held = self.held_output
+        if held is not None and held.over_limit:
+            raise KernelError(ErrorCode.UNAVAILABLE, held.refusal())
         model = self._lookup(msg.model_name, msg.model_version)
         if model.decoupled:
             raise KernelError(
@@ -473,6 +479,9 @@ class StreamSession:
         decoupled = False
         request = None
         try:
+            held = self.service.held_output
+            if held is not None and held.over_limit:
+                raise KernelError(ErrorCode.UNAVAILABLE, held.refusal())
             model = self.service._lookup(msg.model_name, msg.model_version)
             decoupled = model.decoupled
             if not decoupled:

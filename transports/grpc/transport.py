@@ -8,6 +8,7 @@ it instead: `GrpcOptions(server_library="grpclib")`, or KERNEL_GRPC_SERVER.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -199,6 +200,7 @@ class GrpcTransport(Transport):
         if options.header_forward_pattern:
             self.service.header_forward = HeaderForwarder(options.header_forward_pattern)
         self._impl = None
+        self._stopping: Optional[asyncio.Task] = None  # grpcio's or grpclib's own graceful stop
 
     async def start(self) -> str:
         ssl_context = self.options.ssl_context()
@@ -226,10 +228,42 @@ class GrpcTransport(Transport):
         return f"{self.address}:{self.port}"
 
     async def stop(self) -> None:
-        if self._impl is not None:
-            grace = getattr(getattr(self.server, "options", None), "exit_timeout_secs", 30.0)
-            await self._impl.stop(grace)
-            self._impl = None
+        """No new connections or calls; those in progress go on (see transfers) until close().
+
+        Kernel's own server sends GOAWAY to every connection (idle ones close at once) and lets
+        calls being received, run or answered finish; grpcio and grpclib run their own graceful
+        stop, bounded by the exit timeout, in the background."""
+        impl = self._impl
+        if impl is None or self._stopping is not None:
+            return
+        grace = float(getattr(getattr(self.server, "options", None), "exit_timeout_secs", 30.0))
+        if self.options.server_library == "native":
+            impl.stop_accepting(grace)
+        else:
+            self._stopping = asyncio.ensure_future(impl.stop(grace))
+
+    def transfers(self) -> int:
+        impl = self._impl
+        if impl is None:
+            return 0
+        if self._stopping is not None:
+            return 0 if self._stopping.done() else 1
+        if self.options.server_library == "native":
+            return impl.transfers()
+        return 0
+
+    async def close(self) -> None:
+        """Cut whatever is still open (the server's exit timeout is spent)."""
+        impl, self._impl = self._impl, None
+        if impl is None:
+            return
+        stopping, self._stopping = self._stopping, None
+        if stopping is not None:
+            await stopping  # (bounded by the grace it was given)
+        elif self.options.server_library == "native":
+            await impl.close()
+        else:
+            await impl.stop(0)
 
 
 def _grpclib_config(options: GrpcOptions):

@@ -8,7 +8,12 @@ PRIORITY and unknown frame types are ignored and server push is never used.
 
 It also enforces what a production server bounds (limits.py): concurrent
 streams, header list size, flow-control windows, queued output, PING / SETTINGS /
-RST_STREAM floods, and handshake, idle and age timeouts.
+RST_STREAM floods, and handshake, idle and age timeouts. What a client that does not
+read makes the server hold is shown to the server's account of held answers
+(`server.held_output`, kernel.core.holding): each blocked stream (output.py), and the
+connection itself while its transport's buffer is over the high-water mark (the
+client is not reading its socket); a holder with no progress for the stall timeout
+is cut.
 
 It knows nothing of what the streams carry: a subclass receives each request's
 headers, body chunks and end of input through the `on_*` hooks and answers with
@@ -111,6 +116,11 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):
         self.idle_frames = RateLimit(self.limits.idle_frames_burst, self.limits.idle_frames_rate)
         self.idle_since = 0.0  # when the last stream closed
         self.blocked: dict[int, Stream] = {}  # streams with output waiting for window
+        # The server's account of held answers (kernel.core.holding.HeldBytes; None: not kept),
+        # and the holders it watches for this connection's blocked streams.
+        self.held_output = getattr(server, "held_output", None)
+        self.stalled: dict = {}
+        self.linger = LINGER  # how long a closing connection may take to hand over its last bytes
         # output coalescing: frames produced in one loop iteration leave in one write
         self.out: list = []
         self.out_large = False  # out holds large DATA views: written with writelines, not joined
@@ -200,9 +210,16 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):
         for s in streams.values():
             self.abandon(s)
         self.blocked.clear()
+        if self.held_output is not None:
+            self.held_output.unwatch(self)
 
     def pause_writing(self) -> None:
         self.paused = True
+        if self.held_output is not None:
+            # Watched until its buffer is empty (the account's sweep drops it then), not just
+            # until it is below the low-water mark: a large answer pauses and resumes the
+            # transport many times, and one watch covers all of them.
+            self.held_output.watch(self)
 
     def resume_writing(self) -> None:
         self.paused = False
@@ -503,7 +520,8 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):
         """The stream is over (or abandoned): the application stops its work, the connection forgets it."""
         s.closed = True
         self.on_closed(s)
-        self.blocked.pop(s.id, None)
+        if self.blocked:
+            self.unblock(s)
         self.streams.pop(s.id, None)
         if not self.streams:
             self.idle_since = self.loop.time()
@@ -531,11 +549,14 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):
         if not self.streams:
             self.close_soon()
 
-    def close_soon(self, linger: float = LINGER) -> None:
-        self.loop.call_soon(self.close_now, linger)
+    def close_soon(self, linger: Optional[float] = None) -> None:
+        self.loop.call_soon(self.close_now, self.linger if linger is None else linger)
 
-    def close_now(self, linger: float = LINGER) -> None:
-        """Hand what is queued to the client and close; drop it if it is not read within `linger` seconds."""
+    def close_now(self, linger: Optional[float] = None) -> None:
+        """Hand what is queued to the client and close; drop it if it is not read within `linger`
+        seconds (the connection's `linger` when not given)."""
+        if linger is None:
+            linger = self.linger
         if self.flush_handle is not None:
             self.flush_handle.cancel()
         self.flush()
@@ -544,3 +565,18 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):
             transport.close()
             # close() waits until the queued output is read: a client that never reads is dropped.
             self.loop.call_later(linger, transport.abort)
+
+    # ---- the connection as a holder of unread output (kernel.core.holding.Holder) -------------
+
+    def held_bytes(self) -> int:
+        """Bytes the transport could not hand to the socket: the client is not reading them."""
+        transport = self.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
+
+    def cut(self, reason: str) -> None:
+        """The client has read nothing for the stall timeout (or the server holds too much): drop
+        the connection and everything queued for it."""
+        log.info("dropping an HTTP/2 connection: %s", reason)
+        self.failed = True
+        if self.transport is not None:
+            self.transport.abort()

@@ -33,6 +33,13 @@ class Http2Limits:
     max_frame_size: int = 1024 * 1024
     # Output queued to a client that does not read: above this the server stops reading from it.
     output_limit: int = 4 * 1024 * 1024
+    # Answers one connection may hold for its client (DATA waiting for its flow-control window
+    # plus the transport's unread buffer: views of a worker's arena, as a rule). An answer that
+    # would take the connection past it fails instead of being held, unless the connection holds
+    # nothing else (one answer may always go, however large); calls that start while it is past
+    # it fail at once. Together with the server-wide --max-held-output-bytes and the stall timeout
+    # this keeps a client that never opens its window from pinning memory (issue 23).
+    max_pending_output: int = 256 * 1024 * 1024
     # PING/SETTINGS acknowledgements queued while the client does not read (Netty's
     # maxQueuedControlFrames): more is a flood, answered with GOAWAY(ENHANCE_YOUR_CALM).
     max_queued_control_frames: int = 10_000
@@ -65,6 +72,8 @@ class Http2Limits:
             raise ValueError("max_concurrent_streams must be at least 1")
         if not 0 < self.max_header_list_size <= self.hard_header_list_size:
             raise ValueError("max_header_list_size must be positive and at most hard_header_list_size")
+        if self.max_pending_output <= 0:
+            raise ValueError("max_pending_output must be positive")
         if not 65_535 <= self.initial_window <= 2**31 - 1:
             raise ValueError("initial_window must be between 65535 and 2^31-1")
         if not 16_384 <= self.max_frame_size <= 16_777_215:

@@ -4,6 +4,11 @@ Frames produced in one loop iteration leave in one transport write; DATA waits
 in the stream's queue while the peer's windows (or a full transport) hold it
 back, and the trailers follow the last of it. Mixed into Http2Connection, whose
 state (windows, queues, the transport) it uses.
+
+A stream whose DATA has to wait is *blocked*; only then is it shown to the server's account of
+held answers (kernel.core.holding, `server.held_output`), which cuts it once it has made no
+progress for the stall timeout or when the server holds too much: an answer that goes out at
+once costs nothing there.
 """
 
 from __future__ import annotations
@@ -11,12 +16,31 @@ from __future__ import annotations
 from typing import Optional
 
 from kernel.transports.grpc.http2.frames import (
-    CONTINUATION, DATA, FLAG_END_HEADERS, FLAG_END_STREAM, HEADERS, NO_ERROR, RST_STREAM, U32, frame, frame_head,
+    CANCEL, CONTINUATION, DATA, FLAG_END_HEADERS, FLAG_END_STREAM, HEADERS, NO_ERROR, RST_STREAM, U32, frame,
+    frame_head,
 )
 
 
 # DATA frames this large make a flush hand its pieces to writelines() instead of joining them.
 LARGE_WRITE = 64 * 1024
+
+
+class StalledStream:
+    """A blocked stream as the server's account of held answers sees it (kernel.core.holding.Holder)."""
+
+    __slots__ = ("conn", "stream")
+
+    def __init__(self, conn, stream):
+        self.conn = conn
+        self.stream = stream
+
+    def held_bytes(self) -> int:
+        s = self.stream
+        return 0 if s.closed else s.pending_bytes
+
+    def cut(self, reason: str) -> None:
+        if not self.stream.closed:
+            self.conn.cut_stream(self.stream, reason)
 
 
 class OutputMixin:
@@ -88,11 +112,20 @@ class OutputMixin:
         pending = s.pending
         out = self.out
         max_frame = self.peer_max_frame
+        sent = False
         while pending:
             window = self.send_window if self.send_window < s.send_window else s.send_window
             if self.paused or window <= 0:
-                self.blocked[s.id] = s
+                blocked = self.blocked
+                if s.id not in blocked:
+                    self._block(s)
+                elif sent:
+                    # To the back of the line: the next window goes first to the streams that got
+                    # none of this one, so none of them starves (and looks stalled) behind it.
+                    del blocked[s.id]
+                    blocked[s.id] = s
                 break
+            sent = True
             take = min(s.pending_bytes, window, max_frame)
             out.append(frame_head(DATA, 0, s.id, take))
             self.send_window -= take
@@ -120,12 +153,46 @@ class OutputMixin:
                 self.flush_handle = self.loop.call_soon(self.flush)
         if pending:
             return
-        self.blocked.pop(s.id, None)
+        if self.blocked:
+            self.unblock(s)
         trailers = s.trailers
         if trailers is not None and not s.closed:
             self.close_stream(s)
             self.send_headers(s.id, trailers, end_stream=True)
             self.reset_if_open(s)
+
+    def _block(self, s) -> None:
+        """s's DATA waits for window (or for the client to read what it was sent)."""
+        self.blocked[s.id] = s
+        held = self.held_output
+        if held is not None:
+            holder = self.stalled[s.id] = StalledStream(self, s)
+            held.watch(holder)
+
+    def unblock(self, s) -> None:
+        """s has nothing waiting any more, or is gone."""
+        if self.blocked.pop(s.id, None) is not None:
+            holder = self.stalled.pop(s.id, None)
+            if holder is not None:
+                self.held_output.unwatch(holder)
+
+    def held_output_bytes(self) -> int:
+        """What this connection holds for its client: DATA waiting for window, and what the
+        transport has not been able to hand to the socket."""
+        n = 0
+        for s in self.blocked.values():
+            n += s.pending_bytes
+        transport = self.transport
+        if transport is not None:
+            n += transport.get_write_buffer_size()
+        return n
+
+    def cut_stream(self, s, reason: str) -> None:
+        """The server's account of held answers gave up on this stream (no progress for the
+        stall timeout, or too much held): drop what it holds and reset it. The application may
+        answer with a status instead (GrpcConnection does)."""
+        self.abandon(s)
+        self.write(frame(RST_STREAM, 0, s.id, U32.pack(CANCEL)))
 
     def send_headers(self, stream_id: int, block: bytes, end_stream: bool) -> None:
         """A header block, split into HEADERS + CONTINUATION frames of the peer's frame size."""
