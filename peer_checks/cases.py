@@ -301,6 +301,8 @@ CASES: list[Case] = [
     rpc("grpc-infer-raw-and-shape-disagree", "ModelInfer", grpc_add_sub(raw_input_contents=[
         base64.b64encode(struct.pack("<3f", 1, 2, 3)).decode(), base64.b64encode(struct.pack("<4f", *V4)).decode()])),
     rpc("grpc-infer-no-data", "ModelInfer", grpc_add_sub(raw=False)),
+    rpc("grpc-infer-extra-raw-contents", "ModelInfer", grpc_add_sub(raw_input_contents=[
+        base64.b64encode(struct.pack("<4f", *V4)).decode()] * 3)),
     rpc("grpc-infer-unknown-output", "ModelInfer", grpc_add_sub(outputs=[{"name": "NOPE"}])),
     rpc("grpc-infer-bad-parameter", "ModelInfer",
         grpc_add_sub(parameters={"priority": {"string_param": "high"}})),

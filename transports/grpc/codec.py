@@ -360,6 +360,11 @@ def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, raws: Op
             index += 1
         else:
             raise _bad(f"unable to find data for input tensor '{io.name}' for model '{model_name}' in request.")
+    if index < n_raw:
+        # tritonserver 2.51 uses the first ones and ignores the rest; an extra tensor's bytes were
+        # received and buffered for nothing, and which bytes belong to which input is then a guess.
+        raise _bad(f"{n_raw} raw_input_contents given for model '{model_name}', but only {index} of its "
+                   "inputs take one (each input without shared memory or 'contents' takes the next)")
     outputs = None
     if msg.outputs:
         outputs = []
