@@ -3,6 +3,11 @@
 Requests are encoded straight onto the worker's socket (no queue in between,
 so an idle worker never waits on us); responses come back on the same socket
 and are handed to each request's `on_response` on the event loop.
+
+A request's large inputs are copied once into this side's arena; each region is freed when the
+worker gives it back (Release: the model's last array over it is gone) and no response view
+still shows it. A cancelled request the model stays silent on is answered here after a grace
+period (CANCEL_GRACE_S), so it holds neither its client, nor the pending count, nor shutdown.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import msgspec
 from kernel.backends.python import messages, standby, wire
 from kernel.backends.python.age_watch import AgeWatch
 from kernel.backends.python.arena import Arena, PeerArena
+from kernel.backends.python.arena_trim import DEFAULT_IDLE_SECONDS, IdleTrim
 from kernel.backends.python.arena_views import ArenaViews
 from kernel.backends.python.execenv import WorkerCommand, server_command
 from kernel.backends.python.framing import MessageChannel
@@ -40,6 +46,15 @@ class WorkerSettings(msgspec.Struct, frozen=True):
     log: messages.LogSettings = messages.LogSettings()
     # Kernel only: a request unanswered this long is logged once (age_watch.py); 0 turns it off.
     request_age_warning_seconds: float = 60.0
+    # Kernel only: a grown arena segment wholly free this long is given back (arena_trim.py); 0: never.
+    shm_idle_release_seconds: float = DEFAULT_IDLE_SECONDS
+
+
+# A cancelled request the model has not answered (nor sent anything for) this long after the
+# cancellation is answered CANCELLED here and forgotten: a model that never answers must not hold
+# its clients, the pending count or shutdown. Long enough for a model that checks is_cancelled()
+# now and then to end the request itself (a decoupled callee's own final response, say).
+CANCEL_GRACE_S = 2.0
 
 
 class WorkerInstance(BackendInstance):
@@ -77,7 +92,10 @@ class WorkerInstance(BackendInstance):
         self._arena.on_new_segment = self._announce_segment
         self._peer = PeerArena()
         self._views = ArenaViews(self._arena, self._peer, self._send_release)  # outputs: views, no copy
+        self._trim: Optional[IdleTrim] = None  # made with the loop, at start
         self._pending: dict[int, InferRequest] = {}
+        self._cancelled: dict[int, float] = {}  # pending key -> loop time it was cancelled or last answered
+        self._cancel_timer: Optional[asyncio.TimerHandle] = None
         self._input_regions: dict[int, list[tuple[int, int]]] = {}
         self._bls_calls: dict[int, InferRequest] = {}
         self._keys = itertools.count(1)
@@ -106,8 +124,10 @@ class WorkerInstance(BackendInstance):
             "--model-file", str(self.model_file), "--instance-name", self.name,
             "--shm-default-byte-size", str(self.settings.shm_default_byte_size),
             "--shm-growth-byte-size", str(self.settings.shm_growth_byte_size),
+            "--shm-idle-release-seconds", str(self.settings.shm_idle_release_seconds),
         ])  # fmt: skip
         self._fd_sock = fd_front
+        self._trim = IdleTrim(self._arena, loop, self.settings.shm_idle_release_seconds, self._send_segment_removed)
         self._started = loop.create_future()
         self._ready = loop.create_future()
         self._exited = loop.create_future()
@@ -199,6 +219,9 @@ class WorkerInstance(BackendInstance):
 
     def _release_resources(self) -> None:
         self._ages.close()
+        if self._cancel_timer is not None:
+            self._cancel_timer.cancel()
+            self._cancel_timer = None
         self._views.close()
         self._arena.close()
         self._peer.close()
@@ -335,6 +358,37 @@ class WorkerInstance(BackendInstance):
     def _send_cancel(self, key: int) -> None:
         if key in self._pending and self.channel is not None and not self.channel.closed:
             self.channel.send(messages.Cancel(key))
+            loop = asyncio.get_running_loop()
+            self._cancelled[key] = loop.time()
+            if self._cancel_timer is None:
+                self._cancel_timer = loop.call_later(CANCEL_GRACE_S, self._give_up_cancelled)
+
+    def _give_up_cancelled(self) -> None:
+        """Answer the cancelled requests the model has been silent on for CANCEL_GRACE_S.
+
+        Their input regions stay with the worker until it gives them back (the model may still
+        hold the arrays); a response that still comes for one is dropped, its regions given back.
+        """
+        self._cancel_timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = 0.0
+        error = KernelError(ErrorCode.CANCELLED, "Request was cancelled")
+        for key, since in list(self._cancelled.items()):
+            request = self._pending.get(key)
+            if request is None:
+                del self._cancelled[key]
+                continue
+            left = since + CANCEL_GRACE_S - now
+            if left > 0:
+                due = left if not due else min(due, left)
+                continue
+            del self._cancelled[key]
+            del self._pending[key]
+            self._input_regions.pop(key, None)
+            _respond_error(request, error, self.source)
+        if due:
+            self._cancel_timer = loop.call_later(due, self._give_up_cancelled)
 
     # ---- messages from the worker ----------------------------------------
 
@@ -348,6 +402,8 @@ class WorkerInstance(BackendInstance):
         elif type(msg) is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self._fd_sock, 1, 1)
             self._peer.add(msg.segment, fds[0], msg.size)
+        elif type(msg) is messages.SegmentRemoved:
+            self._peer.remove(msg.segment)
         elif type(msg) is messages.BlsRequest:
             self._on_bls_request(msg)
         elif type(msg) is messages.ModelControl:
@@ -357,8 +413,9 @@ class WorkerInstance(BackendInstance):
             if request is not None:
                 request.cancel()
         elif type(msg) is messages.Release:
-            for seg, off in msg.regions:
-                self._arena.free(seg, off)
+            # The worker's last array over these (inputs, BLS outputs) is gone: free them, or leave
+            # that to the last response view that still shows one.
+            self._views.free_inputs(msg.regions)
         elif type(msg) is messages.ReadyResult:
             fut = self._ready_checks.pop(msg.key, None)
             if fut is not None and not fut.done():
@@ -379,19 +436,24 @@ class WorkerInstance(BackendInstance):
         source = self.source
         version = str(source.version)
         views = self._views
+        cancelled = self._cancelled
         for r in responses:
             request = self._pending.get(r.key)
             if request is None:
+                self._drop_response(r)
                 continue
             if r.final:
                 del self._pending[r.key]
                 regions = self._input_regions.pop(r.key, None)
+                if cancelled:
+                    cancelled.pop(r.key, None)
             else:
                 regions = self._input_regions.get(r.key)
                 self._ages.progressed(r.key)
+                if cancelled and r.key in cancelled:
+                    cancelled[r.key] = asyncio.get_running_loop().time()  # still answering: more grace
             error = KernelError(ErrorCode[r.error.code], r.error.message) if r.error is not None else None
             if r.reschedule:
-                views.free_inputs(regions if r.final else None)
                 self._reschedule(request)
                 continue
             if error is None:
@@ -400,8 +462,6 @@ class WorkerInstance(BackendInstance):
                                else views.unpack(t, regions) for t in r.outputs]
                 except ValueError as exc:
                     error = KernelError(ErrorCode.INTERNAL, f"the model's worker sent a bad tensor location: {exc}")
-            if r.final:
-                views.free_inputs(regions)  # after the outputs pinned what they show of them
             if error is not None:
                 response = InferResponse(source.name, version, request.id, error=error, final=r.final)
             else:
@@ -457,6 +517,17 @@ class WorkerInstance(BackendInstance):
             "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not "
             "configured to handle such a flag.",
         ), self.source)
+
+    def _drop_response(self, r: messages.Response) -> None:
+        """A response for a request no longer pending here (answered as cancelled): give back the
+        worker's arena regions its outputs were copied into."""
+        regions = [(t.segment, t.offset) for t in r.outputs if t.data is None and t.owner < 0]
+        if regions:
+            self._send_release(regions)
+
+    def _send_segment_removed(self, index: int) -> None:
+        if self.channel is not None and not self.channel.closed:
+            self.channel.send(messages.SegmentRemoved(index))
 
     def _send_release(self, regions: list) -> None:
         """The last view of these regions of the worker's arena is gone (see arena_views.py)."""
@@ -562,6 +633,7 @@ class WorkerInstance(BackendInstance):
             request.cancel()
         pending, self._pending = self._pending, {}
         self._input_regions.clear()
+        self._cancelled.clear()
         traced, self._traced = self._traced, {}
         for traces in traced.values():
             self._end_traces(traces)

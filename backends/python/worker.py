@@ -9,6 +9,12 @@ is_cancelled) pump the channel themselves, see inline_channel.py. Decoupled
 models, models that answer through response senders and models with is_ready()
 keep one dedicated model thread, so the loop stays free for their own threads'
 responses and readiness checks.
+
+A response is packed on whichever thread hands it over (responses.py), so the worker's arena is
+allocated from any thread; a segment it grows is announced to the front before any message that
+uses it (send_announcements). Large inputs are views of the front's arena: each region is given
+back (Release) when the last array over it is gone, not when the request is answered, since a
+model may keep an input array as long as it likes.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 
 from kernel.backends.python import messages, wire
 from kernel.backends.python.arena import Arena, PeerArena
+from kernel.backends.python.arena_trim import IdleTrim
 from kernel.backends.python.bls import BlsClient
 from kernel.backends.python.execution_record import Batch, batch_size, execution_record
 from kernel.backends.python.inline_channel import InlineChannel
@@ -56,6 +64,7 @@ class Worker:
         instance_name: str,
         shm_default_byte_size: int,
         shm_growth_byte_size: int,
+        shm_idle_release_seconds: float = 0.0,
     ):
         self.channel_sock = channel_sock
         self.fd_sock = fd_sock
@@ -70,8 +79,13 @@ class Worker:
         self.decoupled = False
         self.async_execute = False
         self.arena = Arena(shm_default_byte_size, shm_growth_byte_size, f"kernel-{instance_name}-out")
-        self.arena.on_new_segment = self._announce_segment
+        self.arena.on_new_segment = self._segment_created
+        self._unannounced: list = []  # (index, Segment) grown and not yet announced to the front
+        self._announce_lock = threading.Lock()
+        self._idle_release_seconds = shm_idle_release_seconds
+        self._trim: IdleTrim | None = None
         self.peer = PeerArena()
+        self._inputs_held: dict[int, tuple] = {}  # id(weakref to an input's root array) -> (weakref, region)
         self.sinks: dict[int, ResponseSink] = {}
         self.requests: dict[int, object] = {}
         self.model_thread: ModelThread | None = None  # started with the loop
@@ -96,6 +110,8 @@ class Worker:
         self._loop_thread = threading.get_ident()
         self.model_thread = ModelThread(self.loop)
         self.done = self.loop.create_future()
+        self._trim = IdleTrim(self.arena, self.loop, self._idle_release_seconds, self._send_removed,
+                              before=self.send_announcements)
         direct_sock = self.channel_sock.dup()
         _, self.channel = await self.loop.create_unix_connection(
             lambda: InlineChannel(messages.ToWorker, self.on_message, self.on_lost, direct_sock, self.on_undecodable),
@@ -131,6 +147,9 @@ class Worker:
         answer = messages.refuse_undecodable(frame, error)
         if answer is not None:
             self.channel.send(answer)
+        regions = messages.undecodable_regions(frame)  # its inputs in the front's arena: never read here
+        if regions:
+            self.channel.send(messages.Release(regions))
 
     def on_message(self, msg) -> None:
         kind = type(msg)
@@ -144,6 +163,9 @@ class Worker:
             sink = self.sinks.get(msg.key)
             if sink is not None:
                 sink.cancelled = True
+                # The front may give up on it (a model that never answers): its inputs go back
+                # once the model drops them, not at a final response that may never come.
+                sink.regions = None
         elif kind is messages.BlsResponses:
             self.bls.on_responses(msg.responses)
         elif kind is messages.ModelControlResult:
@@ -156,6 +178,8 @@ class Worker:
         elif kind is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, 1)
             self.peer.add(msg.segment, fds[0], msg.size)
+        elif kind is messages.SegmentRemoved:
+            self.peer.remove(msg.segment)
         elif kind is messages.CheckReady:
             asyncio.ensure_future(self.check_ready(msg.key))
         elif kind is messages.Initialize:
@@ -240,27 +264,74 @@ class Worker:
             pass
         self.loop.call_later(0.05, lambda: self.done.done() or self.done.set_result(None))
 
-    def _announce_segment(self, index: int, segment) -> None:
-        socket.send_fds(self.fd_sock, [b"\0"], [segment.fd])
-        self.channel.send(messages.SegmentAdded(index, segment.size))
+    # ---- the worker's arena: growth and trimming, from any thread ------------------------
+
+    def _segment_created(self, index: int, segment) -> None:
+        """The arena grew (under its lock, on whichever thread packed a tensor)."""
+        with self._announce_lock:
+            self._unannounced.append((index, segment))
+        if threading.get_ident() != self._loop_thread:
+            self.loop.call_soon_threadsafe(self._announce_now)
+
+    def _announce_now(self) -> None:
+        try:
+            self.send_announcements()
+        except OSError:  # the front is gone
+            pass
+
+    def send_announcements(self) -> None:
+        """Announce the segments the arena grew (fd, then SegmentAdded) before a message that may use them.
+
+        Called where this thread may write the channel: on the loop, or by a thread sending
+        directly while an inline execute holds it. Each (fd, message) pair goes out under the
+        channel's lock, so no other announcement slips between an fd and its message.
+        """
+        if not self._unannounced:
+            return
+        with self.channel.lock:
+            with self._announce_lock:
+                pending, self._unannounced = self._unannounced, []
+            for index, segment in pending:
+                socket.send_fds(self.fd_sock, [b"\0"], [segment.fd])
+                self.channel.send(messages.SegmentAdded(index, segment.size))
+
+    def _send_removed(self, index: int) -> None:
+        try:
+            self.channel.send(messages.SegmentRemoved(index))
+        except ConnectionError:
+            pass
 
     # ---- requests --------------------------------------------------------
 
     def _input_tensor(self, t: messages.Tensor):
         dtype = wire.NUMERIC_DTYPES.get(t.datatype)
-        if dtype is not None:  # the common case, without the general path's calls
-            data = t.data
-            buffer = bytearray(data) if data is not None else self.peer.view(t.segment, t.offset, t.nbytes)
-            return pb_utils.Tensor._wrap(t.name, np.frombuffer(buffer, dtype).reshape(t.shape), t.datatype)
-        buffer = wire.view(t, self.peer)
+        if dtype is not None and t.data is not None:  # the common case, without the general path's calls
+            return pb_utils.Tensor._wrap(t.name, np.frombuffer(bytearray(t.data), dtype).reshape(t.shape), t.datatype)
         if t.datatype == "BYTES":
+            buffer = wire.view(t, self.peer)
             count = datatypes.element_count(t.shape)
             arr = np.empty(count, dtype=np.object_)
             arr[:] = datatypes.deserialize_bytes(buffer, count)
+            if t.data is None:
+                del buffer
+                self.call_on_loop(self.release_peer_region, t.segment, t.offset)  # read into objects: done
             return pb_utils.Tensor._wrap(t.name, arr.reshape(t.shape), "BYTES")
-        dtype = datatypes.datatype_to_numpy(t.datatype) if t.datatype != "BF16" else np.dtype(np.uint16)
-        arr = wire.numeric_array(buffer, dtype, t.shape, writable=True)
+        if dtype is None:
+            dtype = datatypes.datatype_to_numpy(t.datatype)
+        if t.data is not None:
+            return pb_utils.Tensor._wrap(t.name, wire.numeric_array(t.data, dtype, t.shape, writable=True), t.datatype)
+        # A view of the front's arena (no copy): the region goes back when the last array over it does.
+        root = np.frombuffer(self.peer.view(t.segment, t.offset, t.nbytes), dtype)
+        arr = root.reshape(t.shape)
+        ref = weakref.ref(root, self._input_gone)
+        self._inputs_held[id(ref)] = (ref, (t.segment, t.offset))
         return pb_utils.Tensor._wrap(t.name, arr, t.datatype)
+
+    def _input_gone(self, ref) -> None:
+        """The last array over an input region is gone (on whichever thread dropped it)."""
+        entry = self._inputs_held.pop(id(ref), None)
+        if entry is not None:
+            self.call_on_loop(self.release_peer_region, *entry[1])
 
     def execute(self, wire_requests: list[messages.Request], trace_key: int = 0) -> None:
         requests = []
@@ -268,15 +339,22 @@ class Worker:
         keys.trace_key = trace_key
         for r in wire_requests:
             requested = r.requested_outputs or None
-            sink = ResponseSink(self, r.key, requested, wire.arena_inputs(r.inputs, self.peer))
+            sink = ResponseSink(self, r.key, requested)
             self.sinks[r.key] = sink
+            inputs = []
             try:
-                inputs = [self._input_tensor(t) for t in r.inputs]
+                for t in r.inputs:
+                    inputs.append(self._input_tensor(t))
             except ValueError as exc:
+                for t in r.inputs[len(inputs):]:  # never made into arrays: nothing else gives them back
+                    if t.data is None:
+                        self.release_peer_region(t.segment, t.offset)
+                inputs = None
                 self.send_error(sink, "INVALID_ARG", str(exc))
                 if r.arrival_ns:
                     keys.failed_early.append(r.arrival_ns)
                 continue
+            sink.regions = wire.arena_inputs(r.inputs, self.peer, inputs)
             sink.sender = pb_utils.InferenceResponseSender(sink, self.decoupled, requested)
             request = pb_utils.InferenceRequest._server_side(  # positional: keywords cost per request
                 inputs, r.request_id, r.correlation_id, r.flags, r.requested_outputs or self.output_names,
@@ -489,11 +567,32 @@ class Worker:
     def send_error(self, sink: ResponseSink, code: str, message: str) -> None:
         self._queue(messages.Response(sink.key, error=messages.Error(code, message)))
         self.sinks.pop(sink.key, None)
+        sink.regions = None
 
     def send_response(self, sink: ResponseSink, response, final: bool) -> None:
+        """A response execute returned (on the loop)."""
+        message = response_message(sink, response, final, self.arena)
         if final:
             self.sinks.pop(sink.key, None)
-        self._queue(response_message(sink, response, final, self.arena))
+            sink.regions = None  # its input tensors: nothing more goes back by reference
+        self._queue(message)
+
+    def hand_over(self, sink: ResponseSink, response, final: bool) -> None:
+        """A response given to a response sender, on whichever thread the model called send() from.
+
+        Packed here and now: the answer is what the model handed over at this moment, whatever it
+        does with its arrays next (Triton copies outputs into shared memory inside send() too).
+        Only queueing the message waits for the loop.
+        """
+        message = response_message(sink, response, final, self.arena)
+        if final:
+            sink.regions = None
+        self.call_on_loop(self._handed_over, sink.key, message, final)
+
+    def _handed_over(self, key: int, message: messages.Response, final: bool) -> None:
+        if final:
+            self.sinks.pop(key, None)
+        self._queue(message)
 
     def pack_tensor(self, tensor) -> messages.Tensor:
         """A pb_utils.Tensor in message form (BLS inputs travel this way too)."""
@@ -536,6 +635,8 @@ class Worker:
         releases, self._peer_releases = self._peer_releases, []
         executions, self._executions = self._executions, []
         try:
+            if self._unannounced:  # grown meanwhile: the front must know it before the responses
+                self.send_announcements()
             if out or executions:
                 self.channel.send(messages.Responses(out, executions))
             if releases:
@@ -546,7 +647,7 @@ class Worker:
 
 # Messages a model thread may handle itself while it pumps the channel (see take_off_loop).
 _ANY_THREAD = frozenset((messages.Cancel, messages.BlsResponses, messages.ModelControlResult,
-                         messages.MetricReply, messages.SegmentAdded))
+                         messages.MetricReply, messages.SegmentAdded, messages.SegmentRemoved))
 _OFF_LOOP_STEP_S = 0.005
 
 
@@ -558,6 +659,7 @@ def main(argv=None) -> None:
     parser.add_argument("--instance-name", required=True)
     parser.add_argument("--shm-default-byte-size", type=int, default=64 << 20)
     parser.add_argument("--shm-growth-byte-size", type=int, default=64 << 20)
+    parser.add_argument("--shm-idle-release-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
     # The model sees an embedded interpreter's argv, as under Triton's stub: argparse or
     # unittest.main() in model code must not trip over the worker's own flags.
@@ -567,7 +669,8 @@ def main(argv=None) -> None:
     channel = socket.socket(fileno=args.channel_fd)
     fd_sock = socket.socket(fileno=args.fd_channel_fd)
     worker = Worker(
-        channel, fd_sock, args.model_file, args.instance_name, args.shm_default_byte_size, args.shm_growth_byte_size
+        channel, fd_sock, args.model_file, args.instance_name, args.shm_default_byte_size, args.shm_growth_byte_size,
+        args.shm_idle_release_seconds,
     )
     try:
         import uvloop
