@@ -202,6 +202,7 @@ class Arena:
                 seg.close()
             self.segments.clear()
             self._free.clear()
+            self._sizes.clear()
             self._idle_since.clear()
 
 

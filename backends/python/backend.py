@@ -49,7 +49,8 @@ def settings_from_backend_config(values: dict[str, str], log: Optional[LogSettin
                     ErrorCode.INVALID_ARG, f"invalid value '{value}' for python backend setting '{key}'"
                 ) from None
         elif key not in _ACCEPTED:
-            log.warning("python backend: unknown setting '%s' ignored", key)
+            # (module logger by its full name: the `log` argument is the workers' log settings)
+            logging.getLogger("kernel.python").warning("python backend: unknown setting '%s' ignored", key)
     return WorkerSettings(**kwargs)
 
 

@@ -199,7 +199,7 @@ class BlsClient:
         packed.caller_blocks = blocks
         worker = self.worker
         with worker.channel.lock:  # a model thread may be sending too (see inline_channel)
-            worker.send_announcements()  # segments its inputs grew the arena by
+            worker.arenas.send_announcements()  # segments its inputs grew the arena by
             worker.channel.send(packed)
 
     def _send_cancel(self, key: int) -> None:

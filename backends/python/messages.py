@@ -152,6 +152,9 @@ class Execution(msgspec.Struct, array_like=True):
 class Responses(msgspec.Struct, tag="responses", array_like=True):
     responses: list[Response]
     executions: list[Execution] = []  # execute() calls that finished (one per Execute message)
+    # Regions of the front's arena the worker is done with (as Release): an identity request's
+    # input goes back in the same message as its response, read once the responses are.
+    releases: list[tuple[int, int]] = []
 
 
 class Finalized(msgspec.Struct, tag="finalized", array_like=True):

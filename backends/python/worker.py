@@ -10,11 +10,8 @@ models, models that answer through response senders and models with is_ready()
 keep one dedicated model thread, so the loop stays free for their own threads'
 responses and readiness checks.
 
-A response is packed on whichever thread hands it over (responses.py), so the worker's arena is
-allocated from any thread; a segment it grows is announced to the front before any message that
-uses it (send_announcements). Large inputs are views of the front's arena: each region is given
-back (Release) when the last array over it is gone, not when the request is answered, since a
-model may keep an input array as long as it likes.
+A response is packed on whichever thread hands it over (responses.py); the arenas' side of that,
+and of inputs read in place from the front's arena, is worker_arena.py.
 """
 
 from __future__ import annotations
@@ -25,28 +22,26 @@ import inspect
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
 import threading
 import time
-import weakref
 from pathlib import Path
 
 import numpy as np
 
 from kernel.backends.python import messages, wire
-from kernel.backends.python.arena import Arena, PeerArena
-from kernel.backends.python.arena_trim import IdleTrim
 from kernel.backends.python.bls import BlsClient
 from kernel.backends.python.execution_record import Batch, batch_size, execution_record
 from kernel.backends.python.inline_channel import InlineChannel
+from kernel.backends.python.inline_waits import InlineWaits
 from kernel.backends.python.metrics_client import MetricsClient
 from kernel.backends.python.model_import import load_model_class
 from kernel.backends.python.model_loading import ModelLoadingClient
 from kernel.backends.python.model_thread import ModelThread
 from kernel.backends.python.responses import ResponseSink, pack_tensor, response_message
+from kernel.backends.python.worker_arena import WorkerArenas
 from kernel.backends.python.worker_log import apply_log_settings, format_exception
 from kernel.core import datatypes
 
@@ -55,7 +50,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402  (model code import
 log = logging.getLogger("kernel.worker")
 
 
-class Worker:
+class Worker(InlineWaits):
     def __init__(
         self,
         channel_sock: socket.socket,
@@ -78,14 +73,10 @@ class Worker:
         self.output_names: list[str] = []
         self.decoupled = False
         self.async_execute = False
-        self.arena = Arena(shm_default_byte_size, shm_growth_byte_size, f"kernel-{instance_name}-out")
-        self.arena.on_new_segment = self._segment_created
-        self._unannounced: list = []  # (index, Segment) grown and not yet announced to the front
-        self._announce_lock = threading.Lock()
-        self._idle_release_seconds = shm_idle_release_seconds
-        self._trim: IdleTrim | None = None
-        self.peer = PeerArena()
-        self._inputs_held: dict[int, tuple] = {}  # id(weakref to an input's root array) -> (weakref, region)
+        self.arenas = WorkerArenas(self, shm_default_byte_size, shm_growth_byte_size, shm_idle_release_seconds,
+                                   f"kernel-{instance_name}-out")
+        self.arena = self.arenas.arena  # outputs and BLS inputs: written here
+        self.peer = self.arenas.peer  # the front's arena: inputs and BLS outputs, read in place
         self.sinks: dict[int, ResponseSink] = {}
         self.requests: dict[int, object] = {}
         self.model_thread: ModelThread | None = None  # started with the loop
@@ -110,8 +101,7 @@ class Worker:
         self._loop_thread = threading.get_ident()
         self.model_thread = ModelThread(self.loop)
         self.done = self.loop.create_future()
-        self._trim = IdleTrim(self.arena, self.loop, self._idle_release_seconds, self._send_removed,
-                              before=self.send_announcements)
+        self.arenas.start(self.loop)
         direct_sock = self.channel_sock.dup()
         _, self.channel = await self.loop.create_unix_connection(
             lambda: InlineChannel(messages.ToWorker, self.on_message, self.on_lost, direct_sock, self.on_undecodable),
@@ -264,43 +254,6 @@ class Worker:
             pass
         self.loop.call_later(0.05, lambda: self.done.done() or self.done.set_result(None))
 
-    # ---- the worker's arena: growth and trimming, from any thread ------------------------
-
-    def _segment_created(self, index: int, segment) -> None:
-        """The arena grew (under its lock, on whichever thread packed a tensor)."""
-        with self._announce_lock:
-            self._unannounced.append((index, segment))
-        if threading.get_ident() != self._loop_thread:
-            self.loop.call_soon_threadsafe(self._announce_now)
-
-    def _announce_now(self) -> None:
-        try:
-            self.send_announcements()
-        except OSError:  # the front is gone
-            pass
-
-    def send_announcements(self) -> None:
-        """Announce the segments the arena grew (fd, then SegmentAdded) before a message that may use them.
-
-        Called where this thread may write the channel: on the loop, or by a thread sending
-        directly while an inline execute holds it. Each (fd, message) pair goes out under the
-        channel's lock, so no other announcement slips between an fd and its message.
-        """
-        if not self._unannounced:
-            return
-        with self.channel.lock:
-            with self._announce_lock:
-                pending, self._unannounced = self._unannounced, []
-            for index, segment in pending:
-                socket.send_fds(self.fd_sock, [b"\0"], [segment.fd])
-                self.channel.send(messages.SegmentAdded(index, segment.size))
-
-    def _send_removed(self, index: int) -> None:
-        try:
-            self.channel.send(messages.SegmentRemoved(index))
-        except ConnectionError:
-            pass
-
     # ---- requests --------------------------------------------------------
 
     def _input_tensor(self, t: messages.Tensor):
@@ -321,17 +274,7 @@ class Worker:
         if t.data is not None:
             return pb_utils.Tensor._wrap(t.name, wire.numeric_array(t.data, dtype, t.shape, writable=True), t.datatype)
         # A view of the front's arena (no copy): the region goes back when the last array over it does.
-        root = np.frombuffer(self.peer.view(t.segment, t.offset, t.nbytes), dtype)
-        arr = root.reshape(t.shape)
-        ref = weakref.ref(root, self._input_gone)
-        self._inputs_held[id(ref)] = (ref, (t.segment, t.offset))
-        return pb_utils.Tensor._wrap(t.name, arr, t.datatype)
-
-    def _input_gone(self, ref) -> None:
-        """The last array over an input region is gone (on whichever thread dropped it)."""
-        entry = self._inputs_held.pop(id(ref), None)
-        if entry is not None:
-            self.call_on_loop(self.release_peer_region, *entry[1])
+        return pb_utils.Tensor._wrap(t.name, self.arenas.input_array(t, dtype), t.datatype)
 
     def execute(self, wire_requests: list[messages.Request], trace_key: int = 0) -> None:
         requests = []
@@ -407,79 +350,6 @@ class Worker:
             # after execute returned: keep the loop free for them from now on.
             self.inline_execute = False
         self._finish_timed(keys, result, exc)
-
-    # ---- waiting for the front inside an inline execute -------------------------
-
-    def pumping_here(self) -> bool:
-        """True on the loop's thread while an inline execute runs: waits must pump the channel."""
-        return self._inline_busy and threading.get_ident() == self._loop_thread
-
-    def wait_inline(self, done, timeout: float | None = None) -> bool:
-        """Dispatch the front's messages until done() (False if timeout seconds pass first)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        asyncio.events._set_running_loop(self.loop)  # handlers may schedule tasks
-        try:
-            while not done():
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                self.channel.pump(remaining, done)  # reads at least once, even with no time left
-                if remaining == 0.0:
-                    return done()
-            return True
-        finally:
-            asyncio.events._set_running_loop(None)
-
-    def hold_loop_until(self, done) -> bool:
-        """Block the running loop, from a coroutine on it, until done(): the channel is pumped meanwhile.
-
-        For a plain `for` over a BLS response stream inside an async execute (Triton's
-        own example iterates that way). Returns False, without waiting, when that is
-        unsafe: an inline execute holds the loop already, or sends still sit in the
-        transport's buffer (a direct read could answer before they leave).
-        """
-        if self._inline_busy or not self.channel.can_go_direct():
-            return False
-        self._inline_busy = True
-        self.channel.set_direct(True)
-        try:
-            while not done():
-                self.channel.pump(None, done)
-        finally:
-            self.channel.set_direct(False)
-            self._inline_busy = False
-        return True
-
-    def take_off_loop(self, answers: queue.SimpleQueue, send=None, timeout: float | None = None):
-        """The next item of answers, for a thread other than the loop's (queue.Empty after timeout).
-
-        The loop delivers it, except while an inline execute holds the loop (perhaps
-        joining this very thread): then this thread pumps the channel itself, and
-        makes the request's send (a OneShot also handed to the loop) if the loop
-        has not yet.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        ready = lambda: not answers.empty()  # noqa: E731
-        while True:
-            step = _OFF_LOOP_STEP_S if deadline is None else min(_OFF_LOOP_STEP_S, deadline - time.monotonic())
-            if step <= 0:
-                raise queue.Empty
-            if send is not None and self._inline_busy:
-                with self.channel.lock:
-                    if self.channel.direct:
-                        send()
-            if not (self._inline_busy and self.channel.pump(step, ready)):
-                try:
-                    return answers.get(timeout=step)
-                except queue.Empty:
-                    continue
-            if not answers.empty():
-                return answers.get()
-
-    def poll_inline(self) -> None:
-        """Dispatch what already arrived (a Cancel, say) without waiting."""
-        try:
-            self.wait_inline(lambda: False, 0)
-        except ConnectionError:
-            pass
 
     async def _execute_async(self, requests, keys) -> None:
         keys.exec_start = time.monotonic_ns()
@@ -635,11 +505,11 @@ class Worker:
         releases, self._peer_releases = self._peer_releases, []
         executions, self._executions = self._executions, []
         try:
-            if self._unannounced:  # grown meanwhile: the front must know it before the responses
-                self.send_announcements()
+            if self.arenas.unannounced:  # grown meanwhile: the front must know it before the responses
+                self.arenas.send_announcements()
             if out or executions:
-                self.channel.send(messages.Responses(out, executions))
-            if releases:
+                self.channel.send(messages.Responses(out, executions, releases))
+            elif releases:
                 self.channel.send(messages.Release(releases))
         except ConnectionError:
             pass
@@ -648,7 +518,6 @@ class Worker:
 # Messages a model thread may handle itself while it pumps the channel (see take_off_loop).
 _ANY_THREAD = frozenset((messages.Cancel, messages.BlsResponses, messages.ModelControlResult,
                          messages.MetricReply, messages.SegmentAdded, messages.SegmentRemoved))
-_OFF_LOOP_STEP_S = 0.005
 
 
 def main(argv=None) -> None:
