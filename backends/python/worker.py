@@ -407,6 +407,7 @@ class Worker(InlineWaits):
                 continue
             if request is not None and request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
                 self.sinks.pop(key, None)
+                sink.regions = None
                 if response is None:
                     self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
                 else:
@@ -476,8 +477,10 @@ class Worker(InlineWaits):
             if request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
                 continue
             sink = self.sinks.pop(key, None)
-            if sink is not None and not sink.sender._is_closed():
-                self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
+            if sink is not None:
+                sink.regions = None
+                if not sink.sender._is_closed():
+                    self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
 
     def _report_execution(self, batch: Batch, result, exc) -> None:
         """One Execution record per Execute message: the front's statistics and schedulers need it."""

@@ -63,14 +63,19 @@ def memfd_maps(pid: int, name: str) -> int:
     return len(inodes)
 
 
-def children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+def worker_of(front: int, instance: str) -> int:
+    """The pid of the front's worker child running `instance`."""
+    for pid in Path(f"/proc/{front}/task/{front}/children").read_text().split():
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"--instance-name" in words and words[words.index(b"--instance-name") + 1] == instance.encode():
+            return int(pid)
+    raise AssertionError(f"no worker for {instance}")
 
 
 @pytest.fixture(scope="module")
 def server():
     yield from running(KernelProcess(
-        [MODELS], "--model-control-mode", "explicit", "--load-model", "scale",
+        [MODELS], "--model-control-mode", "explicit", "--load-model", "scale", "--load-model", "refill_stream",
         "--backend-config", "python,shm-default-byte-size=1048576",
         "--backend-config", "python,shm-growth-byte-size=1048576",
         "--backend-config", "python,shm-idle-release-seconds=0.5",
@@ -87,7 +92,7 @@ def segments(front: int, worker: int) -> dict[str, int]:
 
 def test_shared_memory_goes_back_down_in_both_processes_after_a_burst(server):
     front = server.proc.pid
-    worker, = children(front)
+    worker = worker_of(front, "scale_0_0")
     client = httpclient.InferenceServerClient(server.url, network_timeout=60)
     data = np.ones(MIB, np.float32)  # 4 MiB: a segment of its own in each arena
     inputs = httpclient.InferInput("IN", [MIB], "FP32")
@@ -138,3 +143,34 @@ def test_the_idle_release_setting_is_read_and_an_unknown_setting_is_only_a_warni
                                             LogSettings())
     assert settings.shm_idle_release_seconds == 0.5
     assert "unknown setting 'made-up-setting' ignored" in caplog.text
+
+
+def test_segments_a_model_thread_grows_reach_the_front_before_the_responses_in_them(server):
+    """Responses packed on a model thread after execute returned (16 MiB each, arenas of 1 MiB
+    segments): every one needs a segment that thread grew, announced before the response."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        n = 4 * MIB
+        for round_ in range(2):
+            inputs = []
+            for name, value, datatype in (("N", np.array([n], np.int32), "INT32"),
+                                          ("BASE", np.array([10.0 * round_], np.float32), "FP32"),
+                                          ("FROM_THREAD", np.array([1], np.int32), "INT32")):
+                tensor = grpcclient.InferInput(name, [1], datatype)
+                tensor.set_data_from_numpy(value)
+                inputs.append(tensor)
+            client.async_stream_infer("refill_stream", inputs)
+            for i in range(4):
+                result, error = got.get(timeout=60)
+                assert error is None, error
+                out = result.as_numpy("OUT")
+                assert out.shape == (n,) and np.all(out == 10.0 * round_ + i)
+    finally:
+        client.stop_stream()
+        client.close()
