@@ -38,10 +38,14 @@ class Tensor:
 
     Internals used by the worker: ``_array`` is the numpy array (for BF16 the
     raw uint16 bits; for GPU tensors a CuPy array) and ``_datatype`` the
-    KServe v2 datatype string ("FP32", "BYTES", "BF16", ...).
+    KServe v2 datatype string ("FP32", "BYTES", "BF16", ...). ``_lent`` is set
+    by the worker when the array's memory went out as a response without a
+    copy (it is read-only from then on): the model's next look at the array
+    gets its own writable copy (``_own``), as a model's arrays always are in
+    Triton.
     """
 
-    __slots__ = ("_name", "_array", "_datatype", "__weakref__")
+    __slots__ = ("_name", "_array", "_datatype", "_lent", "__weakref__")
 
     def __init__(self, name, numpy_array):
         name = _check_tensor_name(name)
@@ -56,6 +60,7 @@ class Tensor:
         self._name = name
         self._array = numpy_array
         self._datatype = datatype
+        self._lent = False
 
     @classmethod
     def _wrap(cls, name, array, datatype):
@@ -69,7 +74,16 @@ class Tensor:
         tensor._name = name
         tensor._array = array
         tensor._datatype = datatype
+        tensor._lent = False
         return tensor
+
+    def _own(self):
+        """The array, made the model's own again if its memory was lent out (see ``_lent``)."""
+        array = self._array
+        if self._lent:
+            array = self._array = array.copy()
+            self._lent = False
+        return array
 
     def name(self):
         return self._name
@@ -87,7 +101,7 @@ class Tensor:
                 "Tensor dtype is BF16 and cannot be converted to NumPy. Use "
                 "to_dlpack() and from_dlpack() instead."
             )
-        return self._array
+        return self._own() if self._lent else self._array
 
     def shape(self):
         return list(self._array.shape)
@@ -102,7 +116,7 @@ class Tensor:
                 "DLPack does not have support for string tensors."
             )
         if isinstance(self._array, np.ndarray):
-            return _dlpack.export_cpu(self._array, self._datatype)
+            return _dlpack.export_cpu(self._own(), self._datatype)
         return self._array.__dlpack__()
 
     def __dlpack__(self, *args, **kwargs):
@@ -190,7 +204,7 @@ def _tensor_from_dlpack(name, source):
                 raise TritonModelException(
                     "DLPack does not have support for string tensors."
                 )
-            return Tensor._wrap(name, source._array, source._datatype)
+            return Tensor._wrap(name, source._own(), source._datatype)
         try:
             capsule = source.__dlpack__(stream=None)
         except TypeError:  # producers predating the stream argument

@@ -13,6 +13,8 @@ import bisect
 import ctypes
 import mmap
 import os
+import threading
+import time
 
 _ALIGN = 64
 
@@ -91,16 +93,29 @@ class _FreeList:
 
 
 class Arena:
-    """The allocating side: segments it created, and where each allocation lives."""
+    """The allocating side: segments it created, and where each allocation lives.
+
+    Safe from any thread: a worker's model threads copy their outputs in at `send()` while its
+    loop frees what the front gave back (one lock around the free lists and the segment table).
+
+    Segments beyond the first (index 0, kept for the life of the process) are given back once
+    idle: a grown segment wholly free for a while is closed (`trim`), so a burst of large tensors
+    does not pin its shared memory until the process ends. Segment indices are never reused: the
+    peer may still map a closed segment until it has read the SegmentRemoved that says so.
+    """
 
     def __init__(self, default_size: int, growth_size: int, name: str = "kernel-arena"):
         self.default_size = default_size
         self.growth_size = growth_size
         self.name = name
-        self.segments: list[Segment] = []
-        self._free: list[_FreeList] = []
+        self.segments: dict[int, Segment] = {}
+        self._free: dict[int, _FreeList] = {}
         self._sizes: dict[tuple[int, int], int] = {}
-        self.on_new_segment = None  # callback(segment_index, Segment): announce to the peer
+        self._next_index = 0
+        self._idle_since: dict[int, float] = {}  # grown segments wholly free: since when (time.monotonic)
+        self._lock = threading.Lock()
+        self.on_new_segment = None  # callback(segment_index, Segment), under the lock: announce to the peer
+        self.on_idle = None  # callback(), under the lock: a grown segment became wholly free (arm a trim)
 
     def _grow(self, nbytes: int) -> int:
         if not self.segments:
@@ -109,9 +124,10 @@ class Arena:
             steps = -(-nbytes // self.growth_size)
             size = max(1, steps) * self.growth_size
         seg = create_segment(size, self.name)
-        self.segments.append(seg)
-        self._free.append(_FreeList(size))
-        index = len(self.segments) - 1
+        index = self._next_index
+        self._next_index += 1
+        self.segments[index] = seg
+        self._free[index] = _FreeList(size)
         if self.on_new_segment is not None:
             self.on_new_segment(index, seg)
         return index
@@ -119,20 +135,50 @@ class Arena:
     def alloc(self, nbytes: int) -> tuple[int, int]:
         """Reserve nbytes; returns (segment, offset). Grows the arena when full."""
         size = _round_up(max(nbytes, 1))
-        for index, free in enumerate(self._free):
-            off = free.alloc(size)
-            if off >= 0:
-                self._sizes[(index, off)] = size
-                return index, off
-        index = self._grow(size)
-        off = self._free[index].alloc(size)
-        self._sizes[(index, off)] = size
-        return index, off
+        with self._lock:
+            for index, free in self._free.items():
+                off = free.alloc(size)
+                if off >= 0:
+                    if self._idle_since:
+                        self._idle_since.pop(index, None)
+                    self._sizes[(index, off)] = size
+                    return index, off
+            index = self._grow(size)
+            off = self._free[index].alloc(size)
+            self._sizes[(index, off)] = size
+            return index, off
 
     def free(self, segment: int, offset: int) -> None:
-        size = self._sizes.pop((segment, offset), None)
-        if size is not None:
-            self._free[segment].free(offset, size)
+        with self._lock:
+            size = self._sizes.pop((segment, offset), None)
+            if size is None:
+                return
+            free = self._free[segment]
+            free.free(offset, size)
+            if segment and len(free.sizes) == 1 and free.sizes[0] == self.segments[segment].size:
+                self._idle_since[segment] = time.monotonic()
+                if self.on_idle is not None:
+                    self.on_idle()
+
+    def trim(self, idle_seconds: float) -> tuple[list[int], float]:
+        """Close the grown segments wholly free for idle_seconds or more.
+
+        Returns (the closed indices, to tell the peer; seconds until the next idle segment is due, or 0
+        when none is left idle)."""
+        removed = []
+        due = 0.0
+        now = time.monotonic()
+        with self._lock:
+            for index, since in list(self._idle_since.items()):
+                left = since + idle_seconds - now
+                if left > 0:
+                    due = left if not due else min(due, left)
+                    continue
+                del self._idle_since[index]
+                del self._free[index]
+                self.segments.pop(index).close()
+                removed.append(index)
+        return removed, due
 
     def write(self, data, nbytes: int) -> tuple[int, int]:
         segment, offset = self.alloc(nbytes)
@@ -151,9 +197,13 @@ class Arena:
         return sum(self._sizes.values())
 
     def close(self) -> None:
-        for seg in self.segments:
-            seg.close()
-        self.segments.clear()
+        with self._lock:
+            for seg in self.segments.values():
+                seg.close()
+            self.segments.clear()
+            self._free.clear()
+            self._sizes.clear()
+            self._idle_since.clear()
 
 
 class PeerArena:
@@ -164,6 +214,13 @@ class PeerArena:
 
     def add(self, index: int, fd: int, size: int) -> None:
         self.segments[index] = Segment(fd, size)
+
+    def remove(self, index: int) -> None:
+        """The peer closed this segment (it was wholly free): unmap it here too. A view that still
+        points into it (none should) keeps the mapping until it is gone (Segment.close)."""
+        seg = self.segments.pop(index, None)
+        if seg is not None:
+            seg.close()
 
     def view(self, segment: int, offset: int, nbytes: int) -> memoryview:
         try:

@@ -7,8 +7,8 @@ no copy at all). Either way the transport gets a read-only-by-convention view of
 the tensor's `raw`, and the region stays reserved until the last object that can reach those
 bytes is gone: the transport has written the response to its socket and dropped it. Only then
 is the worker's region released (one Release message per loop iteration) or the front's own
-region freed. Holding instead of copying is what keeps an arena region from being reused while
-a response made of it is still going out.
+region freed (if the worker, too, has given it back: free_inputs). Holding instead of copying is
+what keeps an arena region from being reused while a response made of it is still going out.
 
 How "gone" is seen: the view is `memoryview(arr)` for an ndarray `arr` made over the mapping;
 every memoryview or ndarray derived from it keeps `arr` alive (buffer exports hold their
@@ -39,7 +39,7 @@ class ArenaViews:
         self._loop_thread = 0
         self._refs: dict[int, tuple] = {}  # id(weakref) -> (weakref, on_gone, region)
         self._pins: dict[tuple[int, int], int] = {}  # own regions -> live views of them
-        self._ended: set[tuple[int, int]] = set()  # own regions whose request ended while pinned
+        self._ended: set[tuple[int, int]] = set()  # own regions the worker gave back while pinned
         self._releases: list[tuple[int, int]] = []
         self._flush_handle = None
         self.closed = False
@@ -75,7 +75,8 @@ class ArenaViews:
         return InferTensor(t.name, t.datatype, t.shape, raw=memoryview(arr))
 
     def free_inputs(self, regions) -> None:
-        """A request ended: free its input regions, or leave that to the last view of one."""
+        """The worker is done with these regions of the front's arena (its last array over each is
+        gone: request inputs, BLS outputs): free them, or leave that to the last view of one."""
         if not regions:
             return
         for region in regions:

@@ -29,6 +29,7 @@ _SETTINGS = {
     "shm-growth-byte-size": ("shm_growth_byte_size", int),
     "stub-timeout-seconds": ("stub_timeout_seconds", float),
     "request-age-warning-seconds": ("request_age_warning_seconds", float),  # Kernel only (age_watch.py)
+    "shm-idle-release-seconds": ("shm_idle_release_seconds", float),  # Kernel only (arena_trim.py)
 }
 # Accepted for compatibility with tritonserver; they change nothing here.
 _ACCEPTED = {"shm-region-prefix-name", "default-max-batch-size"}
@@ -48,7 +49,8 @@ def settings_from_backend_config(values: dict[str, str], log: Optional[LogSettin
                     ErrorCode.INVALID_ARG, f"invalid value '{value}' for python backend setting '{key}'"
                 ) from None
         elif key not in _ACCEPTED:
-            log.warning("python backend: unknown setting '%s' ignored", key)
+            # (module logger by its full name: the `log` argument is the workers' log settings)
+            logging.getLogger("kernel.python").warning("python backend: unknown setting '%s' ignored", key)
     return WorkerSettings(**kwargs)
 
 

@@ -5,6 +5,10 @@ any client request (any model, its scheduler, its instances). Responses come
 back as BlsResponses messages. Their tensors are read in place from the front
 process's arena, and each region is handed back once the numpy array that
 views it has been garbage collected ("output tensors are freed when dropped").
+
+A call's inputs are packed at the call, on the caller's thread (as Triton copies them into shared
+memory inside exec()/async_exec()): a buffer the model overwrites right after the call still
+reaches the callee as it was. Only the sending waits for the loop (or a thread pumping for it).
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ class BlsClient:
         if self.worker.pumping_here():
             # A synchronous execute running on the loop: send now, pump until answered.
             key, call = self._new_call(decoupled, blocking=True)
-            self._send(key, request, decoupled, True)
+            self._send(key, self._pack(key, request), decoupled, True)
             if decoupled:
                 return ResponseIterator(self, key, call)
             self.worker.wait_inline(lambda: not call.sync_queue.empty())
@@ -122,7 +126,7 @@ class BlsClient:
                 "in an 'async def execute' use 'await request.async_exec()'"
             )
         key, call = self._new_call(decoupled, blocking=True)
-        send = OneShot(self._send, key, request, decoupled, True)
+        send = OneShot(self._send, key, self._pack(key, request), decoupled, True)
         loop.call_soon_threadsafe(send)
         if decoupled:
             return ResponseIterator(self, key, call, send)
@@ -130,19 +134,21 @@ class BlsClient:
         return response
 
     def async_exec(self, request, decoupled: bool):
-        self._check_phase()  # at the call, as exec() does, not when awaited
-        return self._async_exec(request, decoupled)
+        """Sent at the call, not when awaited: Triton starts the call there too, and the inputs
+        are the caller's buffers as they are now."""
+        self._check_phase()
+        key, call = self._new_call(decoupled, blocking=False)
+        if decoupled:
+            call.stream = AsyncResponseStream(self, key, self.worker.loop)
+        self.worker.call_on_loop(self._send, key, self._pack(key, request), decoupled, False)
+        return self._async_answer(call, decoupled)
 
     def _check_phase(self) -> None:
         # Triton serves BLS only once initialize has returned and until finalize begins.
         if not self.worker.bls_allowed:
             raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
 
-    async def _async_exec(self, request, decoupled: bool):
-        key, call = self._new_call(decoupled, blocking=False)
-        if decoupled:
-            call.stream = AsyncResponseStream(self, key, self.worker.loop)
-        self._send(key, request, decoupled, False)
+    async def _async_answer(self, call: _Call, decoupled: bool):
         if decoupled:
             return call.stream  # responses are yielded as they arrive
         return await call.future
@@ -159,17 +165,14 @@ class BlsClient:
         self.calls[key] = call
         return key, call
 
-    def _send(self, key: int, request, decoupled: bool, blocks: bool) -> None:
-        with self.worker.channel.lock:  # a model thread may be sending too (see inline_channel)
-            self._send_locked(key, request, decoupled, blocks)
-
-    def _send_locked(self, key: int, request, decoupled: bool, blocks: bool) -> None:
+    def _pack(self, key: int, request):
+        """The BlsRequest for `request`, its inputs copied now (on the caller's thread); a
+        messages.Response with the error when an input cannot be packed."""
         worker = self.worker
         try:
             inputs = [worker.pack_tensor(t) for t in request._inputs]
         except Exception as exc:  # noqa: BLE001 - a bad tensor fails this call only
-            self.on_response(messages.Response(key, error=messages.Error("INVALID_ARG", str(exc))))
-            return
+            return messages.Response(key, error=messages.Error("INVALID_ARG", str(exc)))
         version = request._model_version
         wire_request = messages.Request(
             key,
@@ -180,16 +183,24 @@ class BlsClient:
             request._flags,
             request._parameters or "{}",
         )
-        worker.channel.send(
-            messages.BlsRequest(
-                request._model_name,
-                "" if version is None or version < 0 else str(version),
-                wire_request,
-                request._timeout,
-                decoupled,
-                blocks,
-            )
+        return messages.BlsRequest(
+            request._model_name,
+            "" if version is None or version < 0 else str(version),
+            wire_request,
+            request._timeout,
         )
+
+    def _send(self, key: int, packed, decoupled: bool, blocks: bool) -> None:
+        """Send a packed call (on the loop, or a thread sending directly while an inline execute holds it)."""
+        if type(packed) is messages.Response:
+            self.on_response(packed)
+            return
+        packed.decoupled = decoupled
+        packed.caller_blocks = blocks
+        worker = self.worker
+        with worker.channel.lock:  # a model thread may be sending too (see inline_channel)
+            worker.arenas.send_announcements()  # segments its inputs grew the arena by
+            worker.channel.send(packed)
 
     def _send_cancel(self, key: int) -> None:
         if key in self.calls:

@@ -12,9 +12,9 @@ overtakes one the loop had already read but not yet handed out.
 
 The model's own threads may wait for the front too (a BLS call from a pool
 that execute joins): while an inline execute holds the loop they send and
-pump themselves. `lock` serialises those direct reads and writes (and the
-arena writes that go with a send), and `direct` only changes under it, so no
-thread reads the socket once the loop reads it again.
+pump themselves. `lock` serialises those direct reads and writes (and a worker's
+announcement of a new arena segment: its fd and its message), and `direct` only
+changes under it, so no thread reads the socket once the loop reads it again.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 Requests are encoded straight onto the worker's socket (no queue in between,
 so an idle worker never waits on us); responses come back on the same socket
 and are handed to each request's `on_response` on the event loop.
+
+A request's large inputs are copied once into this side's arena; each region is freed when the
+worker gives it back (Release: the model's last array over it is gone) and no response view
+still shows it. A cancelled request the model stays silent on is answered here after a grace
+period (cancel_grace.py), so it holds neither its client, nor the pending count, nor shutdown.
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ import msgspec
 from kernel.backends.python import messages, standby, wire
 from kernel.backends.python.age_watch import AgeWatch
 from kernel.backends.python.arena import Arena, PeerArena
+from kernel.backends.python.arena_trim import DEFAULT_IDLE_SECONDS, IdleTrim
 from kernel.backends.python.arena_views import ArenaViews
+from kernel.backends.python.cancel_grace import CancelGrace
 from kernel.backends.python.execenv import WorkerCommand, server_command
 from kernel.backends.python.framing import MessageChannel
+from kernel.backends.python.front_calls import FrontCalls
 from kernel.backends.python.metrics_client import handle_ops as _handle_metric_ops
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput, check_correlation_id
+from kernel.core.request import InferRequest, InferResponse, InferTensor, check_correlation_id
 
 log = logging.getLogger("kernel.python")
 
@@ -40,9 +48,20 @@ class WorkerSettings(msgspec.Struct, frozen=True):
     log: messages.LogSettings = messages.LogSettings()
     # Kernel only: a request unanswered this long is logged once (age_watch.py); 0 turns it off.
     request_age_warning_seconds: float = 60.0
+    # Kernel only: a grown arena segment wholly free this long is given back (arena_trim.py); 0: never.
+    shm_idle_release_seconds: float = DEFAULT_IDLE_SECONDS
 
 
-class WorkerInstance(BackendInstance):
+# How long a worker stuck in an execute() whose requests were all given up on may take to exit
+# when the server stops (see stop).
+STUCK_EXIT_S = 1.0
+
+# How long a standby worker (imports done) may take to report in before the instance starts a fresh
+# worker instead: a standby that was stopped or killed must not fail the start.
+STANDBY_REPORT_S = 5.0
+
+
+class WorkerInstance(FrontCalls, BackendInstance):
     def __init__(
         self,
         source: ModelSource,
@@ -77,7 +96,11 @@ class WorkerInstance(BackendInstance):
         self._arena.on_new_segment = self._announce_segment
         self._peer = PeerArena()
         self._views = ArenaViews(self._arena, self._peer, self._send_release)  # outputs: views, no copy
+        self._trim: Optional[IdleTrim] = None  # made with the loop, at start
         self._pending: dict[int, InferRequest] = {}
+        if getattr(self, "_cancelled", None) is not None:
+            self._cancelled.close()
+        self._cancelled = CancelGrace(lambda: self._pending, self._give_up_cancelled)
         self._input_regions: dict[int, list[tuple[int, int]]] = {}
         self._bls_calls: dict[int, InferRequest] = {}
         self._keys = itertools.count(1)
@@ -102,25 +125,31 @@ class WorkerInstance(BackendInstance):
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.process, front, fd_front = await standby.start_worker(self.command or server_command(), [
+        command = self.command or server_command()
+        args = [
             "--model-file", str(self.model_file), "--instance-name", self.name,
             "--shm-default-byte-size", str(self.settings.shm_default_byte_size),
             "--shm-growth-byte-size", str(self.settings.shm_growth_byte_size),
-        ])  # fmt: skip
-        self._fd_sock = fd_front
-        self._started = loop.create_future()
-        self._ready = loop.create_future()
-        self._exited = loop.create_future()
-        _, self.channel = await loop.create_unix_connection(
-            lambda: MessageChannel(messages.ToFront, self._on_message, self._on_lost), sock=front
-        )
-        asyncio.ensure_future(self._watch_process(self.process))
-        self.channel.send(messages.Initialize(self._initialize_args(), self.settings.log))
+            "--shm-idle-release-seconds", str(self.settings.shm_idle_release_seconds),
+        ]  # fmt: skip
+        self._trim = IdleTrim(self._arena, loop, self.settings.shm_idle_release_seconds, self._send_segment_removed)
+        timeout = self.settings.stub_timeout_seconds
+        if await self._launch(command, args, standby_ok=True):
+            # A standby has done its imports: it reports in at once, unless it cannot (stopped or
+            # killed after it was taken). Then a fresh worker, with the whole stub timeout.
+            started, ready = self._started, self._ready
+            await asyncio.wait((started, ready), timeout=min(timeout, STANDBY_REPORT_S),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not started.done():
+                log.warning("standby worker %s for model instance '%s' did not report in (%s); starting a fresh worker",
+                            self.process.pid, self.name, ready.result() if ready.done() else "no answer")
+                self._give_up_launch()
+                await self._launch(command, args, standby_ok=False)
         # stub-timeout-seconds bounds the worker's start (Started, or an early Ready/exit), as
         # Triton bounds its stub's; the model's initialize() then takes as long as it takes.
         started, ready = self._started, self._ready
-        await asyncio.wait((started, ready), timeout=self.settings.stub_timeout_seconds,
-                           return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            await asyncio.wait((started, ready), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if ready.done() or started.done():
             error = await asyncio.shield(ready)
         else:
@@ -136,6 +165,32 @@ class WorkerInstance(BackendInstance):
         self.healthy = True
         self.notify_available()
         log.info("TRITONBACKEND_ModelInstanceInitialize: %s (%s device %d)", self.name, self.kind[5:], self.device_id)
+
+    async def _launch(self, command, args: list[str], standby_ok: bool) -> bool:
+        """Start (or take) a worker process, connect, send Initialize; True when it is a standby."""
+        loop = asyncio.get_running_loop()
+        self.process, front, fd_front, from_standby = await standby.start_worker(command, args, standby_ok)
+        self._fd_sock = fd_front
+        self._started = loop.create_future()
+        self._ready = loop.create_future()
+        self._exited = loop.create_future()
+        _, self.channel = await loop.create_unix_connection(
+            lambda: MessageChannel(messages.ToFront, self._on_message, self._on_lost), sock=front
+        )
+        asyncio.ensure_future(self._watch_process(self.process))
+        self.channel.send(messages.Initialize(self._initialize_args(), self.settings.log))
+        return from_standby
+
+    def _give_up_launch(self) -> None:
+        """Let go of a worker that never reported in: killed, its channels closed; not this instance's any more."""
+        process, self.process = self.process, None
+        if process is not None:
+            standby.kill(process)  # (its _watch_process reaps it)
+        if self.channel is not None and self.channel.transport is not None:
+            self.channel.transport.close()
+        if self._fd_sock is not None:
+            self._fd_sock.close()
+            self._fd_sock = None
 
     def _model_filename(self) -> str:
         return self.source.config.default_model_filename or "model.py"
@@ -153,6 +208,8 @@ class WorkerInstance(BackendInstance):
 
     async def _watch_process(self, process: asyncio.subprocess.Process) -> None:
         code = await process.wait()
+        if self.process is not process:
+            return  # a worker given up at start-up, or one a restart replaced: its state is gone already
         self.healthy = False
         if self._ready is not None and not self._ready.done():
             self._ready.set_result(
@@ -160,8 +217,6 @@ class WorkerInstance(BackendInstance):
             )
         if self._exited is not None and not self._exited.done():
             self._exited.set_result(code)
-        if self.process is not process:
-            return
         self._fail_pending(f"Stub process '{self.name}' is not healthy.", framed=False)  # Triton's words, alone
         if not self._stopping:
             log.error("Stub process '%s' is not healthy: it exited unexpectedly with code %s", self.name, code)
@@ -182,9 +237,15 @@ class WorkerInstance(BackendInstance):
         while self._pending and loop.time() < deadline and self.healthy:
             await asyncio.sleep(0.01)
         if self.healthy and self.channel is not None and not self.channel.closed:
+            wait = max(0.5, deadline - loop.time())
+            if self._executing and not self._pending and not self._async_execute:
+                # Still inside execute() for requests all given up on (cancelled, never answered):
+                # a synchronous model's finalize() cannot run before that execute returns, which it
+                # may never do. Not worth the whole exit timeout.
+                wait = min(wait, STUCK_EXIT_S)
             try:
                 self.channel.send(messages.Shutdown())
-                await asyncio.wait_for(asyncio.shield(self._exited), max(0.5, deadline - loop.time()))
+                await asyncio.wait_for(asyncio.shield(self._exited), wait)
             except (asyncio.TimeoutError, ConnectionError):
                 pass
         self._kill()
@@ -199,6 +260,7 @@ class WorkerInstance(BackendInstance):
 
     def _release_resources(self) -> None:
         self._ages.close()
+        self._cancelled.close()
         self._views.close()
         self._arena.close()
         self._peer.close()
@@ -335,6 +397,15 @@ class WorkerInstance(BackendInstance):
     def _send_cancel(self, key: int) -> None:
         if key in self._pending and self.channel is not None and not self.channel.closed:
             self.channel.send(messages.Cancel(key))
+            self._cancelled.cancelled(key)
+
+    def _give_up_cancelled(self, key: int) -> None:
+        """Answer a cancelled request the model has been silent on (see cancel_grace.py). Its input
+        regions stay with the worker until it gives them back (the model may still hold the arrays);
+        a response that still comes for it is dropped, its regions given back (_drop_response)."""
+        request = self._pending.pop(key)
+        self._input_regions.pop(key, None)
+        _respond_error(request, KernelError(ErrorCode.CANCELLED, "Request was cancelled"), self.source)
 
     # ---- messages from the worker ----------------------------------------
 
@@ -343,11 +414,15 @@ class WorkerInstance(BackendInstance):
             self._on_responses(msg.responses)
             if msg.executions:
                 self._on_executions(msg.executions)
+            if msg.releases:  # after the responses: an output may be a view of a released input
+                self._views.free_inputs(msg.releases)
         elif type(msg) is messages.MetricOps:
             _handle_metric_ops(self, self.core.custom_metrics if self.core is not None else None, msg.ops)
         elif type(msg) is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self._fd_sock, 1, 1)
             self._peer.add(msg.segment, fds[0], msg.size)
+        elif type(msg) is messages.SegmentRemoved:
+            self._peer.remove(msg.segment)
         elif type(msg) is messages.BlsRequest:
             self._on_bls_request(msg)
         elif type(msg) is messages.ModelControl:
@@ -357,8 +432,9 @@ class WorkerInstance(BackendInstance):
             if request is not None:
                 request.cancel()
         elif type(msg) is messages.Release:
-            for seg, off in msg.regions:
-                self._arena.free(seg, off)
+            # The worker's last array over these (inputs, BLS outputs) is gone: free them, or leave
+            # that to the last response view that still shows one.
+            self._views.free_inputs(msg.regions)
         elif type(msg) is messages.ReadyResult:
             fut = self._ready_checks.pop(msg.key, None)
             if fut is not None and not fut.done():
@@ -379,9 +455,11 @@ class WorkerInstance(BackendInstance):
         source = self.source
         version = str(source.version)
         views = self._views
+        cancelled = self._cancelled.since
         for r in responses:
             request = self._pending.get(r.key)
             if request is None:
+                self._drop_response(r)
                 continue
             if r.final:
                 del self._pending[r.key]
@@ -389,9 +467,10 @@ class WorkerInstance(BackendInstance):
             else:
                 regions = self._input_regions.get(r.key)
                 self._ages.progressed(r.key)
+            if cancelled:
+                self._cancelled.answered(r.key, r.final)
             error = KernelError(ErrorCode[r.error.code], r.error.message) if r.error is not None else None
             if r.reschedule:
-                views.free_inputs(regions if r.final else None)
                 self._reschedule(request)
                 continue
             if error is None:
@@ -400,8 +479,6 @@ class WorkerInstance(BackendInstance):
                                else views.unpack(t, regions) for t in r.outputs]
                 except ValueError as exc:
                     error = KernelError(ErrorCode.INTERNAL, f"the model's worker sent a bad tensor location: {exc}")
-            if r.final:
-                views.free_inputs(regions)  # after the outputs pinned what they show of them
             if error is not None:
                 response = InferResponse(source.name, version, request.id, error=error, final=r.final)
             else:
@@ -458,100 +535,21 @@ class WorkerInstance(BackendInstance):
             "configured to handle such a flag.",
         ), self.source)
 
+    def _drop_response(self, r: messages.Response) -> None:
+        """A response for a request no longer pending here (answered as cancelled): give back the
+        worker's arena regions its outputs were copied into."""
+        regions = [(t.segment, t.offset) for t in r.outputs if t.data is None and t.owner < 0]
+        if regions:
+            self._send_release(regions)
+
+    def _send_segment_removed(self, index: int) -> None:
+        if self.channel is not None and not self.channel.closed:
+            self.channel.send(messages.SegmentRemoved(index))
+
     def _send_release(self, regions: list) -> None:
         """The last view of these regions of the worker's arena is gone (see arena_views.py)."""
         if self.channel is not None:
             self.channel.send(messages.Release(regions))
-
-    # ---- BLS: the model calls another model through the core ---------------
-
-    def _on_bls_request(self, msg: messages.BlsRequest) -> None:
-        r = msg.request
-        key = r.key
-        inputs = [self._views.unpack(t, None) for t in r.inputs]  # views of the worker's arena
-        params = msgspec.json.decode(r.parameters) if r.parameters and r.parameters != "{}" else {}
-        outputs = [RequestedOutput(n) for n in r.requested_outputs] or None
-        request = InferRequest(
-            msg.model_name, msg.model_version, r.request_id, inputs, outputs, params,
-            correlation_id=r.correlation_id, flags=r.flags, timeout_us=msg.timeout_us,
-        )
-        state = {"done": False, "timer": None}
-
-        def reply(response: InferResponse) -> None:
-            if state["done"]:
-                return
-            if response.final:
-                state["done"] = True
-                self._bls_calls.pop(key, None)
-                if state["timer"] is not None:
-                    state["timer"].cancel()
-            if not self.healthy or self.channel is None or self.channel.closed:
-                return
-            if response.error is not None:
-                wire_response = messages.Response(
-                    key, error=messages.Error(response.error.code.name, response.error.message), final=response.final
-                )
-            else:
-                tensors = [wire.pack(t.name, t.datatype, t.shape, t.raw, self._arena) for t in response.outputs]
-                params_json = msgspec.json.encode(response.parameters).decode() if response.parameters else ""
-                wire_response = messages.Response(key, tensors, None, params_json, response.final)
-            self.channel.send(messages.BlsResponses([wire_response]))
-
-        request.on_response = reply
-        self._bls_calls[key] = request
-        try:
-            if msg.caller_blocks and self._would_deadlock(msg.model_name, msg.model_version):
-                raise KernelError(
-                    ErrorCode.UNAVAILABLE,
-                    f"BLS request to model '{msg.model_name}' cannot run: its only instance "
-                    f"'{self.name}' is the one blocked waiting for this response",
-                )
-            self.core.submit(request)
-        except KernelError as exc:
-            reply(InferResponse(msg.model_name, msg.model_version, r.request_id, error=exc))
-            return
-        if msg.timeout_us > 0 and not state["done"]:
-            def expire() -> None:
-                if state["done"]:
-                    return
-                request.cancel()
-                reply(InferResponse(
-                    msg.model_name, msg.model_version, r.request_id,
-                    error=KernelError(ErrorCode.UNAVAILABLE, "Request timeout expired"),
-                ))
-
-            state["timer"] = asyncio.get_running_loop().call_later(msg.timeout_us / 1e6, expire)
-
-    # ---- model loading API: pb_utils.load_model / unload_model / is_model_ready ----
-
-    async def _on_model_control(self, msg: messages.ModelControl) -> None:
-        """Serve a model's call through the core's model control; the answer goes back to the worker."""
-        control = self.core.control if self.core is not None else None
-        error, ready = None, False
-        try:
-            if control is None:
-                raise KernelError(ErrorCode.UNSUPPORTED, "model control is not available")
-            if msg.op == messages.MODEL_LOAD:
-                await control.load(msg.model_name, msg.config or None, msg.files or None)
-            elif msg.op == messages.MODEL_UNLOAD:
-                await control.unload(msg.model_name, msg.unload_dependents)
-            else:
-                ready = await control.is_ready(msg.model_name, msg.model_version)
-        except KernelError as exc:
-            error = exc.message
-        except Exception as exc:  # noqa: BLE001 - the model gets the error, the server carries on
-            log.exception("model control call from '%s' failed", self.name)
-            error = f"{type(exc).__name__}: {exc}"
-        if self.channel is not None and not self.channel.closed:
-            self.channel.send(messages.ModelControlResult(msg.key, error, ready))
-
-    def _would_deadlock(self, model_name: str, version: str) -> bool:
-        try:
-            target = self.core.model(model_name, version)
-        except KernelError:
-            return False
-        healthy = [i for i in target.instances if i.healthy]
-        return healthy == [self]
 
     def _on_lost(self, exc) -> None:
         self.healthy = False
@@ -562,6 +560,7 @@ class WorkerInstance(BackendInstance):
             request.cancel()
         pending, self._pending = self._pending, {}
         self._input_regions.clear()
+        self._cancelled.close()
         traced, self._traced = self._traced, {}
         for traces in traced.values():
             self._end_traces(traces)

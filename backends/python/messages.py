@@ -94,7 +94,9 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
 class Release(msgspec.Struct, tag="release", array_like=True):
     """The receiver may reuse these regions of its own arena: (segment, offset).
 
-    Sent by whichever side read tensors the other side wrote into its arena.
+    Sent by whichever side read tensors the other side wrote into its arena: the front once the
+    transport is done with an output, the worker once the model's last array over an input (or a
+    BLS output) is gone.
     """
 
     regions: list[tuple[int, int]]
@@ -150,6 +152,9 @@ class Execution(msgspec.Struct, array_like=True):
 class Responses(msgspec.Struct, tag="responses", array_like=True):
     responses: list[Response]
     executions: list[Execution] = []  # execute() calls that finished (one per Execute message)
+    # Regions of the front's arena the worker is done with (as Release): an identity request's
+    # input goes back in the same message as its response, read once the responses are.
+    releases: list[tuple[int, int]] = []
 
 
 class Finalized(msgspec.Struct, tag="finalized", array_like=True):
@@ -236,12 +241,22 @@ class SegmentAdded(msgspec.Struct, tag="segment", array_like=True):
     size: int
 
 
+class SegmentRemoved(msgspec.Struct, tag="segment_removed", array_like=True):
+    """The sender closed this segment of its arena (it was wholly free for a while): unmap it.
+
+    Its index is never used again, so a message still naming it is an error, not another segment.
+    """
+
+    segment: int
+
+
 ToWorker = Union[
-    Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, BlsResponses, CheckReady, MetricReply, SetLog,
-    ModelControlResult,
+    Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, SegmentRemoved, BlsResponses, CheckReady, MetricReply,
+    SetLog, ModelControlResult,
 ]
 ToFront = Union[
-    Started, Ready, Responses, Finalized, SegmentAdded, BlsRequest, BlsCancel, Release, ReadyResult, MetricOps, ModelControl,
+    Started, Ready, Responses, Finalized, SegmentAdded, SegmentRemoved, BlsRequest, BlsCancel, Release, ReadyResult,
+    MetricOps, ModelControl,
 ]
 
 
@@ -261,3 +276,23 @@ def refuse_undecodable(frame: bytes, error: Exception) -> Optional[Responses]:
     now = time.monotonic_ns()
     return Responses([Response(k, error=Error("INVALID_ARG", message)) for k in keys],
                      [Execution(0, now, now, now, now, trace_key=trace_key)])
+
+
+def undecodable_regions(frame: bytes) -> list[tuple[int, int]]:
+    """The front-arena regions of the inputs of an Execute frame the worker could not decode, read
+    leniently: the worker never made arrays of them, so it gives them back at once."""
+    try:
+        doc = msgspec.msgpack.decode(frame)
+    except msgspec.DecodeError:
+        return []
+    if not (isinstance(doc, list) and len(doc) >= 2 and doc[0] == "exec" and isinstance(doc[1], list)):
+        return []
+    regions = []
+    for r in doc[1]:
+        inputs = r[2] if isinstance(r, list) and len(r) > 2 and isinstance(r[2], list) else ()
+        for t in inputs:
+            # Tensor: name, datatype, shape, data, segment, offset, ... (trailing defaults omitted)
+            if isinstance(t, list) and len(t) > 4 and t[3] is None and type(t[4]) is int and t[4] >= 0:
+                offset = t[5] if len(t) > 5 and type(t[5]) is int else 0
+                regions.append((t[4], offset))
+    return regions

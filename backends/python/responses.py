@@ -3,6 +3,10 @@
 ResponseSink is the callback behind each request's InferenceResponseSender
 (which enforces Triton's sending rules first); response_message turns a
 pb_utils.InferenceResponse into the Response message the front reads.
+
+A response is packed when the model hands it over, on the thread that hands it over (as Triton
+copies outputs into shared memory inside `send()`): whatever the model does with its arrays
+afterwards, even refilling the same buffer for the next send, the answer stays what it was.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 import triton_python_backend_utils as pb_utils
-from kernel.backends.python import messages, wire
+from kernel.backends.python import handover, messages, wire
 from kernel.core import datatypes
 
 # Triton's numeric TritonError codes -> our ErrorCode names.
@@ -32,12 +36,13 @@ class ResponseSink:
         self.cancelled = False
         self.sender = None
         # The request's inputs that live in the front's arena: (start address, end address,
-        # segment, offset) each, so an output that is a view of one goes back as a reference.
+        # segment, offset, input tensor) each, so an output that is a view of one can go back as a
+        # reference (handover.py). Dropped at the final response, or when the request is cancelled.
         self.regions = regions
 
     def send(self, response, flags: int) -> None:
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        self.worker.call_on_loop(self.worker.send_response, self, response, final)
+        self.worker.hand_over(self, response, final)
 
     def is_cancelled(self) -> bool:
         if not self.cancelled and self.worker.pumping_here():
@@ -45,12 +50,13 @@ class ResponseSink:
         return self.cancelled
 
 
-def pack_tensor(tensor, arena, regions=None) -> messages.Tensor:
+def pack_tensor(tensor, arena, regions=None, siblings=()) -> messages.Tensor:
     """A pb_utils.Tensor in message form (inline, or copied into the worker's arena).
 
-    regions: the request's inputs in the front's arena (ResponseSink.regions). An output
-    that is a view of one of them (an identity model's) is sent as a reference to it, not
-    copied: the front reads it in place from its own arena and keeps that input's region
+    regions: the request's inputs in the front's arena (ResponseSink.regions); siblings: the
+    response's output tensors. An output that is a view of one of those inputs (an identity
+    model's) is sent as a reference to it, not copied, when the model can no longer change it
+    (handover.lend): the front reads it in place from its own arena and keeps that input's region
     until the transport is done with the response (see arena_views.py).
     """
     datatype = tensor._datatype
@@ -63,12 +69,17 @@ def pack_tensor(tensor, arena, regions=None) -> messages.Tensor:
     else:
         arr = np.ascontiguousarray(host_array(arr))
         nbytes = arr.nbytes
-        if regions is not None and nbytes > wire.INLINE_LIMIT:
+        if regions is not None and nbytes > wire.INLINE_LIMIT and arr is tensor._array:
             addr = arr.__array_interface__["data"][0]
-            for start, end, segment, owner in regions:
+            for start, end, segment, owner, source in regions:
                 if start <= addr and addr + nbytes <= end:
-                    return messages.Tensor(tensor.name(), datatype, list(arr.shape), None, segment,
-                                           owner + (addr - start), nbytes, owner)
+                    shape = list(arr.shape)
+                    arr = None  # lend() counts references: none may be ours
+                    if source is not None and handover.lend(tensor, source, siblings or (tensor,)):
+                        return messages.Tensor(tensor.name(), datatype, shape, None, segment,
+                                               owner + (addr - start), nbytes, owner)
+                    arr = tensor._array
+                    break
         raw = memoryview(arr).cast("B") if arr.size else b""
     return wire.pack(tensor.name(), datatype, arr.shape, raw, arena)
 
@@ -107,10 +118,12 @@ def response_message(sink: ResponseSink, response, final: bool, arena) -> messag
         return messages.Response(sink.key, error=messages.Error(code, err.message()), final=final)
     try:
         outputs = []
+        regions = sink.regions
+        siblings = response.output_tensors() if regions is not None else ()
         for tensor in response.output_tensors():
             if sink.requested is not None and tensor.name() not in sink.requested:
                 continue
-            outputs.append(pack_tensor(tensor, arena, sink.regions))
+            outputs.append(pack_tensor(tensor, arena, regions, siblings))
     except Exception as exc:  # noqa: BLE001 - bad output tensors fail this request only
         return messages.Response(sink.key, error=messages.Error("INTERNAL", str(exc)), final=final)
     params = response.parameters()

@@ -14,7 +14,13 @@ imports are paid once, not once per instance.
 
 A standby is a child process of the front (a forked one is re-parented to it), with the same
 interpreter, boot string, environment and file descriptors as a worker: a model cannot tell (its
-sys.argv is the worker's, as always); only the process's command line names this module.
+sys.argv is the worker's, as always). Once assigned, it rewrites its command line (what `ps` and
+/proc/PID/cmdline show) to name the worker module, its instance and model file, as a worker
+started for its instance shows them (`_retitle`).
+
+A standby that cannot serve (stopped, killed, or silent after its assignment) never fails an
+instance's start: `take` skips one that is stopped or dead (and kills it), and the instance starts
+a fresh worker when the one it took does not report in (instance.py).
 
 This module imports nothing heavy on purpose: the front imports it before anything else.
 """
@@ -251,22 +257,34 @@ def take(command) -> Optional[Standby]:
         if standby.process is None:  # a clone not forked yet: maybe the next instance's
             continue
         _pool.remove(standby)
-        if standby.alive() and standby.env == command.env:
+        if standby.alive() and standby.env == command.env and _runnable(standby.process.pid):
             return standby
         _let_go(standby)
     return None
 
 
-async def start_worker(command, worker_args: list[str]):
-    """(process, channel, fd_channel) of a worker running `worker_args` (its flags after the two
-    channel fds): a standby when one fits `command`, else a process started now."""
-    ready_made = take(command)
-    while ready_made is None and any(s.process is None and not s.discarded for s in _pool) and take_fits(command):
+def _runnable(pid: int) -> bool:
+    """Not stopped (SIGSTOP, a debugger) and not dead: a standby in either state would never report in."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return sys.platform != "linux"  # no /proc: nothing to tell by (the instance's wait still bounds it)
+    return state not in (b"T", b"t", b"Z", b"X")
+
+
+async def start_worker(command, worker_args: list[str], standby_ok: bool = True):
+    """(process, channel, fd_channel, from_standby) of a worker running `worker_args` (its flags
+    after the two channel fds): a standby when one fits `command` (and standby_ok), else a process
+    started now."""
+    ready_made = take(command) if standby_ok else None
+    while (standby_ok and ready_made is None and any(s.process is None and not s.discarded for s in _pool)
+           and take_fits(command)):
         await _news()  # a clone is being forked: it is ready in a few ms, much sooner than a new process
         ready_made = take(command)
     if ready_made is not None:
         ready_made.assign(worker_args)
-        return ready_made.process, ready_made.channel, ready_made.fd_channel
+        return ready_made.process, ready_made.channel, ready_made.fd_channel, True
     front, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd_front, fd_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
@@ -282,7 +300,7 @@ async def start_worker(command, worker_args: list[str]):
     finally:
         worker.close()
         fd_worker.close()
-    return process, front, fd_front
+    return process, front, fd_front, False
 
 
 def release() -> None:
@@ -294,7 +312,17 @@ def release() -> None:
 def _let_go(standby: Standby) -> None:
     standby.discard()
     if standby.process is not None:  # (a clone not forked yet is reaped once its pid comes: _adopt)
+        if standby.alive() and not _runnable(standby.process.pid):
+            kill(standby.process)  # stopped: it would never read its end-of-file and exit
         _watch(asyncio.ensure_future(standby.process.wait()))  # reaped, not left a zombie
+
+
+def kill(process) -> None:
+    """SIGKILL a standby's (or a worker's) process, if it is still there."""
+    try:
+        process.kill()
+    except ProcessLookupError:
+        pass
 
 
 def _watch(task: asyncio.Future) -> None:
@@ -318,11 +346,11 @@ def _standby_main(argv: list[str]) -> None:
         from kernel.backends.python import standby_fork
 
         own = (assign_fd, int(channel_args[1]), int(channel_args[3]))
-        standby_fork.make_clones(clones, report, own, _run)
+        standby_fork.make_clones(clones, report, own, lambda fd, args: _run(fd, args, forked=True))
     _run(assign_fd, channel_args)
 
 
-def _run(assign_fd: int, channel_args: list[str]) -> None:
+def _run(assign_fd: int, channel_args: list[str], forked: bool = False) -> None:
     """Wait for the assignment on `assign_fd`, then be that worker; return if released."""
     from kernel.backends.python import worker
 
@@ -335,7 +363,37 @@ def _run(assign_fd: int, channel_args: list[str]) -> None:
     os.close(assign_fd)
     if not chunks:  # released: the front did not need this one
         return
-    worker.main(channel_args + b"".join(chunks).decode().split("\0"))
+    worker_args = b"".join(chunks).decode().split("\0")
+    _retitle(worker_args, forked)
+    worker.main(channel_args + worker_args)
+
+
+def _retitle(worker_args: list[str], forked: bool = False) -> None:
+    """Make this process's command line (ps, /proc/PID/cmdline) name the worker it now is.
+
+    A worker started for its instance shows `kernel.backends.python.worker --model-file F
+    --instance-name I` there; a standby showed only this module. Linux reads a command line from the
+    process's original argv area, so the new one is written there (no longer than the old one: the
+    tail is cut, which is why the instance name comes first). Nothing in Python reads that area
+    (sys.argv and sys.orig_argv are copies).
+    """
+    flags = dict(zip(worker_args[::2], worker_args[1::2]))
+    words = [sys.executable, "kernel.backends.python.worker", "--instance-name", flags.get("--instance-name", "?"),
+             "--model-file", flags.get("--model-file", "?"),
+             f"({'forked from' if forked else 'started as'} kernel.backends.python.standby)"]
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    except (OSError, IndexError, ValueError):
+        return
+    room = end - start
+    if room < 2:
+        return
+    title = "\0".join(words).encode()[: room - 1]
+    import ctypes
+
+    ctypes.memmove(start, title.ljust(room, b"\0"), room)
 
 
 if __name__ == "__main__":

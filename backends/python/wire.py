@@ -44,18 +44,19 @@ def arena_regions(tensors) -> list[tuple[int, int]]:
     return [(t.segment, t.offset) for t in tensors if t.data is None]
 
 
-def arena_inputs(tensors, peer: PeerArena) -> list | None:
+def arena_inputs(tensors, peer: PeerArena, inputs) -> list | None:
     """Where a request's arena inputs lie in this process: (start address, end address, segment,
-    offset) each, for ResponseSink.regions; None when none is in the arena (the common small case)."""
+    offset, the pb_utils.Tensor made of it) each, for ResponseSink.regions; None when none is in the
+    arena (the common small case). inputs: the pb_utils tensors made of `tensors`, in order."""
     regions = None
-    for t in tensors:
+    for t, made in zip(tensors, inputs):
         if t.data is None:
             seg = peer.segments.get(t.segment)
             if seg is not None:
                 start = seg.addr + t.offset
                 if regions is None:
                     regions = []
-                regions.append((start, start + t.nbytes, t.segment, t.offset))
+                regions.append((start, start + t.nbytes, t.segment, t.offset, made))
     return regions
 
 

@@ -9,6 +9,9 @@ is_cancelled) pump the channel themselves, see inline_channel.py. Decoupled
 models, models that answer through response senders and models with is_ready()
 keep one dedicated model thread, so the loop stays free for their own threads'
 responses and readiness checks.
+
+A response is packed on whichever thread hands it over (responses.py); the arenas' side of that,
+and of inputs read in place from the front's arena, is worker_arena.py.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import inspect
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -30,15 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from kernel.backends.python import messages, wire
-from kernel.backends.python.arena import Arena, PeerArena
 from kernel.backends.python.bls import BlsClient
 from kernel.backends.python.execution_record import Batch, batch_size, execution_record
 from kernel.backends.python.inline_channel import InlineChannel
+from kernel.backends.python.inline_waits import InlineWaits
 from kernel.backends.python.metrics_client import MetricsClient
 from kernel.backends.python.model_import import load_model_class
 from kernel.backends.python.model_loading import ModelLoadingClient
 from kernel.backends.python.model_thread import ModelThread
 from kernel.backends.python.responses import ResponseSink, pack_tensor, response_message
+from kernel.backends.python.worker_arena import WorkerArenas
 from kernel.backends.python.worker_log import apply_log_settings, format_exception
 from kernel.core import datatypes
 
@@ -47,7 +50,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402  (model code import
 log = logging.getLogger("kernel.worker")
 
 
-class Worker:
+class Worker(InlineWaits):
     def __init__(
         self,
         channel_sock: socket.socket,
@@ -56,6 +59,7 @@ class Worker:
         instance_name: str,
         shm_default_byte_size: int,
         shm_growth_byte_size: int,
+        shm_idle_release_seconds: float = 0.0,
     ):
         self.channel_sock = channel_sock
         self.fd_sock = fd_sock
@@ -69,9 +73,10 @@ class Worker:
         self.output_names: list[str] = []
         self.decoupled = False
         self.async_execute = False
-        self.arena = Arena(shm_default_byte_size, shm_growth_byte_size, f"kernel-{instance_name}-out")
-        self.arena.on_new_segment = self._announce_segment
-        self.peer = PeerArena()
+        self.arenas = WorkerArenas(self, shm_default_byte_size, shm_growth_byte_size, shm_idle_release_seconds,
+                                   f"kernel-{instance_name}-out")
+        self.arena = self.arenas.arena  # outputs and BLS inputs: written here
+        self.peer = self.arenas.peer  # the front's arena: inputs and BLS outputs, read in place
         self.sinks: dict[int, ResponseSink] = {}
         self.requests: dict[int, object] = {}
         self.model_thread: ModelThread | None = None  # started with the loop
@@ -96,6 +101,7 @@ class Worker:
         self._loop_thread = threading.get_ident()
         self.model_thread = ModelThread(self.loop)
         self.done = self.loop.create_future()
+        self.arenas.start(self.loop)
         direct_sock = self.channel_sock.dup()
         _, self.channel = await self.loop.create_unix_connection(
             lambda: InlineChannel(messages.ToWorker, self.on_message, self.on_lost, direct_sock, self.on_undecodable),
@@ -131,6 +137,9 @@ class Worker:
         answer = messages.refuse_undecodable(frame, error)
         if answer is not None:
             self.channel.send(answer)
+        regions = messages.undecodable_regions(frame)  # its inputs in the front's arena: never read here
+        if regions:
+            self.channel.send(messages.Release(regions))
 
     def on_message(self, msg) -> None:
         kind = type(msg)
@@ -144,6 +153,9 @@ class Worker:
             sink = self.sinks.get(msg.key)
             if sink is not None:
                 sink.cancelled = True
+                # The front may give up on it (a model that never answers): its inputs go back
+                # once the model drops them, not at a final response that may never come.
+                sink.regions = None
         elif kind is messages.BlsResponses:
             self.bls.on_responses(msg.responses)
         elif kind is messages.ModelControlResult:
@@ -156,6 +168,8 @@ class Worker:
         elif kind is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, 1)
             self.peer.add(msg.segment, fds[0], msg.size)
+        elif kind is messages.SegmentRemoved:
+            self.peer.remove(msg.segment)
         elif kind is messages.CheckReady:
             asyncio.ensure_future(self.check_ready(msg.key))
         elif kind is messages.Initialize:
@@ -240,27 +254,27 @@ class Worker:
             pass
         self.loop.call_later(0.05, lambda: self.done.done() or self.done.set_result(None))
 
-    def _announce_segment(self, index: int, segment) -> None:
-        socket.send_fds(self.fd_sock, [b"\0"], [segment.fd])
-        self.channel.send(messages.SegmentAdded(index, segment.size))
-
     # ---- requests --------------------------------------------------------
 
     def _input_tensor(self, t: messages.Tensor):
         dtype = wire.NUMERIC_DTYPES.get(t.datatype)
-        if dtype is not None:  # the common case, without the general path's calls
-            data = t.data
-            buffer = bytearray(data) if data is not None else self.peer.view(t.segment, t.offset, t.nbytes)
-            return pb_utils.Tensor._wrap(t.name, np.frombuffer(buffer, dtype).reshape(t.shape), t.datatype)
-        buffer = wire.view(t, self.peer)
+        if dtype is not None and t.data is not None:  # the common case, without the general path's calls
+            return pb_utils.Tensor._wrap(t.name, np.frombuffer(bytearray(t.data), dtype).reshape(t.shape), t.datatype)
         if t.datatype == "BYTES":
+            buffer = wire.view(t, self.peer)
             count = datatypes.element_count(t.shape)
             arr = np.empty(count, dtype=np.object_)
             arr[:] = datatypes.deserialize_bytes(buffer, count)
+            if t.data is None:
+                del buffer
+                self.call_on_loop(self.release_peer_region, t.segment, t.offset)  # read into objects: done
             return pb_utils.Tensor._wrap(t.name, arr.reshape(t.shape), "BYTES")
-        dtype = datatypes.datatype_to_numpy(t.datatype) if t.datatype != "BF16" else np.dtype(np.uint16)
-        arr = wire.numeric_array(buffer, dtype, t.shape, writable=True)
-        return pb_utils.Tensor._wrap(t.name, arr, t.datatype)
+        if dtype is None:
+            dtype = datatypes.datatype_to_numpy(t.datatype)
+        if t.data is not None:
+            return pb_utils.Tensor._wrap(t.name, wire.numeric_array(t.data, dtype, t.shape, writable=True), t.datatype)
+        # A view of the front's arena (no copy): the region goes back when the last array over it does.
+        return pb_utils.Tensor._wrap(t.name, self.arenas.input_array(t, dtype), t.datatype)
 
     def execute(self, wire_requests: list[messages.Request], trace_key: int = 0) -> None:
         requests = []
@@ -268,15 +282,22 @@ class Worker:
         keys.trace_key = trace_key
         for r in wire_requests:
             requested = r.requested_outputs or None
-            sink = ResponseSink(self, r.key, requested, wire.arena_inputs(r.inputs, self.peer))
+            sink = ResponseSink(self, r.key, requested)
             self.sinks[r.key] = sink
+            inputs = []
             try:
-                inputs = [self._input_tensor(t) for t in r.inputs]
+                for t in r.inputs:
+                    inputs.append(self._input_tensor(t))
             except ValueError as exc:
+                for t in r.inputs[len(inputs):]:  # never made into arrays: nothing else gives them back
+                    if t.data is None:
+                        self.release_peer_region(t.segment, t.offset)
+                inputs = None
                 self.send_error(sink, "INVALID_ARG", str(exc))
                 if r.arrival_ns:
                     keys.failed_early.append(r.arrival_ns)
                 continue
+            sink.regions = wire.arena_inputs(r.inputs, self.peer, inputs)
             sink.sender = pb_utils.InferenceResponseSender(sink, self.decoupled, requested)
             request = pb_utils.InferenceRequest._server_side(  # positional: keywords cost per request
                 inputs, r.request_id, r.correlation_id, r.flags, r.requested_outputs or self.output_names,
@@ -329,79 +350,6 @@ class Worker:
             # after execute returned: keep the loop free for them from now on.
             self.inline_execute = False
         self._finish_timed(keys, result, exc)
-
-    # ---- waiting for the front inside an inline execute -------------------------
-
-    def pumping_here(self) -> bool:
-        """True on the loop's thread while an inline execute runs: waits must pump the channel."""
-        return self._inline_busy and threading.get_ident() == self._loop_thread
-
-    def wait_inline(self, done, timeout: float | None = None) -> bool:
-        """Dispatch the front's messages until done() (False if timeout seconds pass first)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        asyncio.events._set_running_loop(self.loop)  # handlers may schedule tasks
-        try:
-            while not done():
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                self.channel.pump(remaining, done)  # reads at least once, even with no time left
-                if remaining == 0.0:
-                    return done()
-            return True
-        finally:
-            asyncio.events._set_running_loop(None)
-
-    def hold_loop_until(self, done) -> bool:
-        """Block the running loop, from a coroutine on it, until done(): the channel is pumped meanwhile.
-
-        For a plain `for` over a BLS response stream inside an async execute (Triton's
-        own example iterates that way). Returns False, without waiting, when that is
-        unsafe: an inline execute holds the loop already, or sends still sit in the
-        transport's buffer (a direct read could answer before they leave).
-        """
-        if self._inline_busy or not self.channel.can_go_direct():
-            return False
-        self._inline_busy = True
-        self.channel.set_direct(True)
-        try:
-            while not done():
-                self.channel.pump(None, done)
-        finally:
-            self.channel.set_direct(False)
-            self._inline_busy = False
-        return True
-
-    def take_off_loop(self, answers: queue.SimpleQueue, send=None, timeout: float | None = None):
-        """The next item of answers, for a thread other than the loop's (queue.Empty after timeout).
-
-        The loop delivers it, except while an inline execute holds the loop (perhaps
-        joining this very thread): then this thread pumps the channel itself, and
-        makes the request's send (a OneShot also handed to the loop) if the loop
-        has not yet.
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        ready = lambda: not answers.empty()  # noqa: E731
-        while True:
-            step = _OFF_LOOP_STEP_S if deadline is None else min(_OFF_LOOP_STEP_S, deadline - time.monotonic())
-            if step <= 0:
-                raise queue.Empty
-            if send is not None and self._inline_busy:
-                with self.channel.lock:
-                    if self.channel.direct:
-                        send()
-            if not (self._inline_busy and self.channel.pump(step, ready)):
-                try:
-                    return answers.get(timeout=step)
-                except queue.Empty:
-                    continue
-            if not answers.empty():
-                return answers.get()
-
-    def poll_inline(self) -> None:
-        """Dispatch what already arrived (a Cancel, say) without waiting."""
-        try:
-            self.wait_inline(lambda: False, 0)
-        except ConnectionError:
-            pass
 
     async def _execute_async(self, requests, keys) -> None:
         keys.exec_start = time.monotonic_ns()
@@ -459,6 +407,7 @@ class Worker:
                 continue
             if request is not None and request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
                 self.sinks.pop(key, None)
+                sink.regions = None
                 if response is None:
                     self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
                 else:
@@ -489,11 +438,32 @@ class Worker:
     def send_error(self, sink: ResponseSink, code: str, message: str) -> None:
         self._queue(messages.Response(sink.key, error=messages.Error(code, message)))
         self.sinks.pop(sink.key, None)
+        sink.regions = None
 
     def send_response(self, sink: ResponseSink, response, final: bool) -> None:
+        """A response execute returned (on the loop)."""
+        message = response_message(sink, response, final, self.arena)
         if final:
             self.sinks.pop(sink.key, None)
-        self._queue(response_message(sink, response, final, self.arena))
+            sink.regions = None  # its input tensors: nothing more goes back by reference
+        self._queue(message)
+
+    def hand_over(self, sink: ResponseSink, response, final: bool) -> None:
+        """A response given to a response sender, on whichever thread the model called send() from.
+
+        Packed here and now: the answer is what the model handed over at this moment, whatever it
+        does with its arrays next (Triton copies outputs into shared memory inside send() too).
+        Only queueing the message waits for the loop.
+        """
+        message = response_message(sink, response, final, self.arena)
+        if final:
+            sink.regions = None
+        self.call_on_loop(self._handed_over, sink.key, message, final)
+
+    def _handed_over(self, key: int, message: messages.Response, final: bool) -> None:
+        if final:
+            self.sinks.pop(key, None)
+        self._queue(message)
 
     def pack_tensor(self, tensor) -> messages.Tensor:
         """A pb_utils.Tensor in message form (BLS inputs travel this way too)."""
@@ -507,8 +477,10 @@ class Worker:
             if request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
                 continue
             sink = self.sinks.pop(key, None)
-            if sink is not None and not sink.sender._is_closed():
-                self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
+            if sink is not None:
+                sink.regions = None
+                if not sink.sender._is_closed():
+                    self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
 
     def _report_execution(self, batch: Batch, result, exc) -> None:
         """One Execution record per Execute message: the front's statistics and schedulers need it."""
@@ -536,9 +508,11 @@ class Worker:
         releases, self._peer_releases = self._peer_releases, []
         executions, self._executions = self._executions, []
         try:
+            if self.arenas.unannounced:  # grown meanwhile: the front must know it before the responses
+                self.arenas.send_announcements()
             if out or executions:
-                self.channel.send(messages.Responses(out, executions))
-            if releases:
+                self.channel.send(messages.Responses(out, executions, releases))
+            elif releases:
                 self.channel.send(messages.Release(releases))
         except ConnectionError:
             pass
@@ -546,8 +520,7 @@ class Worker:
 
 # Messages a model thread may handle itself while it pumps the channel (see take_off_loop).
 _ANY_THREAD = frozenset((messages.Cancel, messages.BlsResponses, messages.ModelControlResult,
-                         messages.MetricReply, messages.SegmentAdded))
-_OFF_LOOP_STEP_S = 0.005
+                         messages.MetricReply, messages.SegmentAdded, messages.SegmentRemoved))
 
 
 def main(argv=None) -> None:
@@ -558,6 +531,7 @@ def main(argv=None) -> None:
     parser.add_argument("--instance-name", required=True)
     parser.add_argument("--shm-default-byte-size", type=int, default=64 << 20)
     parser.add_argument("--shm-growth-byte-size", type=int, default=64 << 20)
+    parser.add_argument("--shm-idle-release-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
     # The model sees an embedded interpreter's argv, as under Triton's stub: argparse or
     # unittest.main() in model code must not trip over the worker's own flags.
@@ -567,7 +541,8 @@ def main(argv=None) -> None:
     channel = socket.socket(fileno=args.channel_fd)
     fd_sock = socket.socket(fileno=args.fd_channel_fd)
     worker = Worker(
-        channel, fd_sock, args.model_file, args.instance_name, args.shm_default_byte_size, args.shm_growth_byte_size
+        channel, fd_sock, args.model_file, args.instance_name, args.shm_default_byte_size, args.shm_growth_byte_size,
+        args.shm_idle_release_seconds,
     )
     try:
         import uvloop

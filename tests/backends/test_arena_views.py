@@ -45,6 +45,12 @@ def pair(size=64 << 20):
     return arena, peer
 
 
+def worker_input(t, peer) -> pb_utils.Tensor:
+    """The input tensor a worker makes of an arena input: an array over the front's region."""
+    root = np.frombuffer(wire.view(t, peer), np.float32)
+    return pb_utils.Tensor._wrap(t.name, root.reshape(t.shape), t.datatype)
+
+
 def run_on_loop(fn):
     async def main():
         return fn()
@@ -92,10 +98,10 @@ def test_an_input_region_an_output_refers_to_is_not_reused_while_the_output_is_a
         t_in = wire.pack("X", "FP32", [N], memoryview(data).cast("B"), front_arena)  # the one copy in
         regions = [(t_in.segment, t_in.offset)]
         # The worker side: an identity model's output is its input array, in the front's arena.
-        arr = wire.numeric_array(wire.view(t_in, worker_peer), np.dtype(np.float32), [N], writable=True)
-        sink = ResponseSink(None, 1, None, wire.arena_inputs([t_in], worker_peer))
+        source = worker_input(t_in, worker_peer)
+        sink = ResponseSink(None, 1, None, wire.arena_inputs([t_in], worker_peer, [source]))
         worker_arena = Arena(1 << 20, 1 << 20)
-        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", arr)])
+        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", source.as_numpy())])
         msg = response_message(sink, response, True, worker_arena)
         assert worker_arena.allocated == 0  # no copy into the worker's arena
         worker_arena.close()
@@ -116,6 +122,33 @@ def test_an_input_region_an_output_refers_to_is_not_reused_while_the_output_is_a
         asyncio.run(main())
     finally:
         views.close()
+        worker_peer.close()
+        front_arena.close()
+
+
+def test_an_input_array_the_model_still_holds_goes_back_as_a_copy():
+    # The model could still write into it after the hand-over (issue 23 B): the answer must not move.
+    front_arena, worker_peer = pair()
+    worker_arena = Arena(64 << 20, 64 << 20)
+    try:
+        t_in = wire.pack("X", "FP32", [N], memoryview(np.arange(N, dtype=np.float32)).cast("B"), front_arena)
+        source = worker_input(t_in, worker_peer)
+        kept = source.as_numpy()  # what `self.kept = arr` does
+        sink = ResponseSink(None, 1, None, wire.arena_inputs([t_in], worker_peer, [source]))
+        msg = response_message(sink, pb_utils.InferenceResponse([pb_utils.Tensor("Y", kept)]), True, worker_arena)
+        assert msg.outputs[0].owner == -1 and worker_arena.allocated >= N * 4  # copied once
+        assert kept.flags.writeable and source.as_numpy() is kept  # still the model's own array
+        # Without the model's reference, the same output goes by reference, and the model's next look
+        # at its input is an array of its own (writable), not the memory now on its way out.
+        del kept
+        msg = response_message(sink, pb_utils.InferenceResponse([pb_utils.Tensor("Y", source.as_numpy())]), True,
+                               worker_arena)
+        assert msg.outputs[0].owner == t_in.offset
+        mine = source.as_numpy()
+        assert mine.flags.writeable and address(mine) != front_arena.segments[0].addr + t_in.offset
+        np.testing.assert_array_equal(mine, np.arange(N, dtype=np.float32))
+    finally:
+        worker_arena.close()
         worker_peer.close()
         front_arena.close()
 

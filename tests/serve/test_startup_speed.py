@@ -222,7 +222,8 @@ def test_forked_standbys_are_the_fronts_children_and_report_their_exit(tmp_path)
         k.wait_ready()
         workers = children(k.proc.pid)
         assert len(workers) == 3 and all("kernel.backends.python.standby" in cmdline(p) for p in workers)
-        assert all("--clones" in cmdline(p) for p in workers)  # the template and its clones (forks keep argv)
+        # The template and its two clones (each titled as the worker it became: standby._retitle).
+        assert sum("(forked from kernel.backends.python.standby)" in cmdline(p) for p in workers) == 2
         for pid in workers:
             os.kill(pid, signals.SIGKILL)
         assert k.wait_for_log("exited unexpectedly with code -9", times=3, timeout=20), k.log()

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 
 from kernel.core.backend import BackendInstance
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest
+
+
+# How often requests waiting for a free instance are checked for cancellation (see DirectScheduler).
+CANCELLED_SWEEP_S = 0.5
 
 
 class DirectScheduler:
@@ -16,7 +21,9 @@ class DirectScheduler:
     them in turn: the worker never waits for the front process between two
     requests. With several instances a request goes to an instance that is not
     executing anything; when all are busy it waits here and goes to the first
-    instance that finishes, so no instance idles while requests wait.
+    instance that finishes, so no instance idles while requests wait. While
+    requests wait, cancelled ones leave the queue every CANCELLED_SWEEP_S (an
+    instance whose execute never returns would otherwise keep them for good).
     """
 
     def __init__(self, model_name: str, instances: list[BackendInstance], model=None):
@@ -24,6 +31,7 @@ class DirectScheduler:
         self.model = model
         self.instances = instances
         self._queue: deque[InferRequest] = deque()
+        self._sweep_timer = None
         if len(instances) > 1:
             for inst in instances:
                 inst.on_available = self._on_available
@@ -44,6 +52,8 @@ class DirectScheduler:
                         best = inst
             if best is None and healthy:
                 self._queue.append(request)
+                if self._sweep_timer is None:
+                    self._sweep_timer = asyncio.get_running_loop().call_later(CANCELLED_SWEEP_S, self._sweep_cancelled)
                 return
         if best is None:
             raise KernelError(
@@ -59,6 +69,18 @@ class DirectScheduler:
                 self._cancelled(request)
                 continue
             instance.submit([request])
+
+    def _sweep_cancelled(self) -> None:
+        self._sweep_timer = None
+        queue = self._queue
+        if any(r.cancelled for r in queue):
+            waiting = [r for r in queue if not r.cancelled]
+            for request in [r for r in queue if r.cancelled]:
+                self._cancelled(request)
+            queue.clear()
+            queue.extend(waiting)
+        if queue:
+            self._sweep_timer = asyncio.get_running_loop().call_later(CANCELLED_SWEEP_S, self._sweep_cancelled)
 
     def _cancelled(self, request: InferRequest) -> None:
         from kernel.core import stats as st
@@ -82,6 +104,9 @@ class DirectScheduler:
         error = KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; the request was not executed")
         from kernel.core.request import InferResponse
 
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
         while self._queue:
             request = self._queue.popleft()
             if request.on_response is not None:

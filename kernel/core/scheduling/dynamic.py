@@ -28,6 +28,12 @@ from kernel.core.request import InferRequest, InferResponse
 # have reached a deadline that is less than this much later.
 _TIMER_SLACK_NS = 1_000_000
 
+# While every instance is busy, queued requests are looked at only when one frees up: one whose
+# execute never returns would keep cancelled requests queued (and counted as pending) for good. So
+# while the batcher waits for an instance it drops cancelled requests this often (one timer, not
+# one per request).
+CANCELLED_SWEEP_S = 0.5
+
 
 def log_request(request: InferRequest) -> str:
     """The prefix Triton puts on per-request error messages."""
@@ -133,6 +139,7 @@ class DynamicBatcher:
         self._delay_when = 0.0
         self._timeout_timer: Optional[asyncio.TimerHandle] = None
         self._timeout_when = 0.0
+        self._sweep_timer: Optional[asyncio.TimerHandle] = None
         self._closed = False
         self._loop = asyncio.get_event_loop()
         for inst in instances:
@@ -177,7 +184,7 @@ class DynamicBatcher:
     def close(self) -> None:
         """Fail whatever is still queued (the server is stopping)."""
         self._closed = True
-        for timer in (self._delay_timer, self._timeout_timer):
+        for timer in (self._delay_timer, self._timeout_timer, self._sweep_timer):
             if timer is not None:
                 timer.cancel()
         error = KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; the request was not executed")
@@ -216,6 +223,8 @@ class DynamicBatcher:
         while self.queued:
             inst = self._free_instance()
             if inst is None:
+                if self._sweep_timer is None:
+                    self._sweep_timer = self._loop.call_later(CANCELLED_SWEEP_S, self._sweep_cancelled)
                 return
             now = st.now_ns()
             takes, wait_ns = self._form_batch(now, slack_ns)
@@ -294,6 +303,23 @@ class DynamicBatcher:
         if full or size >= max_pref or exceeded or delay_ns == 0:
             return takes, 0
         return None, oldest + delay_ns - now
+
+    def _sweep_cancelled(self) -> None:
+        """Drop the cancelled requests still queued (answered CANCELLED), then schedule as usual."""
+        self._sweep_timer = None
+        for pq in self._order:
+            for dq in (pq.queue, pq.delayed):
+                if any(e.request.cancelled for e in dq):
+                    kept = deque()
+                    for e in dq:
+                        if e.request.cancelled:
+                            self.queued -= 1
+                            self._skip(e, st.CANCELED)
+                        else:
+                            kept.append(e)
+                    dq.clear()
+                    dq.extend(kept)
+        self._schedule(0)
 
     def _arm_delay(self, wait_ns: int) -> None:
         loop = self._loop

@@ -1,0 +1,124 @@
+"""Standby workers at start-up (issue 23 D): one that cannot serve never fails an instance's start,
+and one that serves shows what it runs, as every worker does.
+
+`kernel serve` starts standby workers before it knows their models (standby.py); an instance
+takes one and assigns it its model. A standby that was stopped (SIGSTOP) or killed meanwhile used
+to be taken all the same: the instance then waited out its whole stub timeout and failed to load.
+And a worker that started as a standby kept the standby's command line, so `ps` did not say which
+model or instance it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kernel.backends.python import standby
+from kernel.backends.python.instance import WorkerInstance, WorkerSettings
+from kernel.core.backend import ModelSource
+from kernel.core.request import InferRequest, InferTensor
+
+IDENTITY = Path(__file__).resolve().parents[1] / "models" / "handover" / "identity"
+STUB_TIMEOUT_S = 15.0
+
+
+def instance(repo: Path, name: str) -> WorkerInstance:
+    model_dir = repo / name
+    if not model_dir.exists():
+        shutil.copytree(IDENTITY, model_dir)
+    config = {"name": name, "backend": "python", "max_batch_size": 0,
+              "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": ["-1"]}]}
+    source = ModelSource(name, 1, model_dir, model_dir / "1", repo, SimpleNamespace(default_model_filename=""),
+                         json.dumps(config))
+    return WorkerInstance(source, f"{name}_0_0", "KIND_CPU", 0, WorkerSettings(stub_timeout_seconds=STUB_TIMEOUT_S))
+
+
+def standbys() -> list[int]:
+    """This process's standby worker children."""
+    found = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            pids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            if b"kernel.backends.python.standby" in cmdline(int(pid)):
+                found.append(int(pid))
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+async def answers(inst: WorkerInstance) -> None:
+    got = asyncio.get_running_loop().create_future()
+    data = np.arange(4, dtype=np.float32)
+    request = InferRequest(inst.source.name, "", "r", [InferTensor("IN", "FP32", [4], raw=data.tobytes())])
+    request.on_response = got.set_result
+    inst.submit([request])
+    response = await asyncio.wait_for(got, 30)
+    assert response.error is None, response.error
+    np.testing.assert_array_equal(response.outputs[0].as_numpy(), data)
+
+
+@pytest.fixture(autouse=True)
+def standbys_on(monkeypatch):
+    monkeypatch.setattr(standby, "ENABLED", True)
+    yield
+    standby.release()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["stopped", "killed"])
+def test_a_standby_that_cannot_serve_is_replaced_by_a_fresh_worker(tmp_path, sig):
+    async def main():
+        await standby.prestart(1)
+        pid, = standbys()
+        os.kill(pid, sig)
+        inst = instance(tmp_path, "identity")
+        started = time.monotonic()
+        await inst.start()
+        try:
+            assert time.monotonic() - started < STUB_TIMEOUT_S / 2  # no stub timeout waited out
+            assert inst.process.pid != pid
+            await answers(inst)
+        finally:
+            await inst.stop(5)
+        deadline = time.monotonic() + 10  # the stopped one is not left behind either
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not Path(f"/proc/{pid}").exists()
+
+    asyncio.run(main())
+
+
+def test_a_worker_that_started_as_a_standby_names_its_instance_and_model(tmp_path):
+    async def main():
+        await standby.prestart(2)  # one started, one forked from it
+        names = ("first", "second")
+        instances = [instance(tmp_path, n) for n in names]
+        await asyncio.gather(*(inst.start() for inst in instances))
+        try:
+            for inst in instances:
+                await answers(inst)
+                words = cmdline(inst.process.pid).rstrip(b"\0").split(b"\0")
+                assert b"kernel.backends.python.worker" in words, words
+                assert words[words.index(b"--instance-name") + 1] == inst.name.encode(), words
+                assert words[words.index(b"--model-file") + 1] == str(inst.model_file).encode(), words
+                assert b"kernel.backends.python.standby" in b" ".join(words)  # how it started, still said
+        finally:
+            await asyncio.gather(*(inst.stop(5) for inst in instances))
+
+    asyncio.run(main())
