@@ -60,12 +60,16 @@ def slowest_small_request_while(server, work) -> tuple[float, object]:
     return slowest, result.get("value")
 
 
-def binary_echo(server, values: np.ndarray, binary_out: bool) -> httpx.Response:
+# A Content-Encoding header sends a request through the ASGI app rather than the fast path.
+ROUTES = {"fast": {}, "asgi": {"Content-Encoding": "identity"}}
+
+
+def binary_echo(server, values: np.ndarray, binary_out: bool, route: str = "fast") -> httpx.Response:
     header = json.dumps({"inputs": [{"name": "IN", "shape": [values.size], "datatype": "INT32",
                                      "parameters": {"binary_data_size": values.nbytes}}],
                          "outputs": [{"name": "OUT", "parameters": {"binary_data": binary_out}}]}).encode()
     return httpx.post(f"http://{server.url}/v2/models/echo/infer", content=header + values.tobytes(),
-                      headers={"Inference-Header-Content-Length": str(len(header))}, timeout=300)
+                      headers={"Inference-Header-Content-Length": str(len(header)), **ROUTES[route]}, timeout=300)
 
 
 def test_a_huge_json_answer_does_not_stop_other_clients(server):
@@ -96,20 +100,31 @@ def test_a_huge_json_request_does_not_stop_other_clients(server):
     assert slowest < 1.0, f"a small request took {slowest:.2f} s while a large JSON request was decoded"
 
 
-def test_json_answer_over_the_limit_is_refused_naming_it(limited):
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_json_answer_over_the_limit_is_refused_naming_it(limited, route):
     values = np.arange(512 * 1024, dtype=np.int32)  # 2 MiB of INT32: over 1 MiB as JSON
-    r = binary_echo(limited, values, binary_out=False)
+    r = binary_echo(limited, values, binary_out=False, route=route)
     assert r.status_code == 400, r.text[:300]
     message = r.json()["error"]
     assert f"{MIB} bytes" in message and "--http-max-json-output-size" in message, message
     assert "binary_data" in message, message
     # The same output as binary data is fine, and so is a small JSON answer.
-    r = binary_echo(limited, values, binary_out=True)
+    r = binary_echo(limited, values, binary_out=True, route=route)
     assert r.status_code == 200
     assert np.array_equal(np.frombuffer(r.content[int(r.headers["inference-header-content-length"]):], np.int32),
                           values)
-    r = binary_echo(limited, values[:1000], binary_out=False)
-    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == values[:1000].tolist()
+    for n in (1000, 60_000):  # in one go, and in pieces beside the loop (and still under the limit)
+        r = binary_echo(limited, values[:n], binary_out=False, route=route)
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == values[:n].tolist()
+    # A JSON request large enough to be decoded in pieces, on this route too.
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [60_000], "datatype": "INT32",
+                                   "data": values[:60_000].tolist()}],
+                       "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}]}).encode()
+    assert len(body) > 256 * 1024
+    r = httpx.post(f"http://{limited.url}/v2/models/echo/infer", content=body, headers=ROUTES[route], timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    assert np.array_equal(np.frombuffer(r.content[int(r.headers["inference-header-content-length"]):], np.int32),
+                          values[:60_000])
 
 
 def test_large_json_request_errors_are_the_small_path_errors(server):
