@@ -338,8 +338,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self.held is not None:
-            self.held.unwatch(self)  # what is left is under the transport's low-water mark
+        held = self.held
+        if held is not None:
+            # The client reads: count it again from what is left (under the transport's low-water
+            # mark), so the total does not wait for the next sweep; a rest it then stalls on is
+            # still cut.
+            held.unwatch(self)
+            held.watch(self)
 
     def held_bytes(self) -> int:
         transport = self.transport
