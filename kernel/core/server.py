@@ -89,6 +89,7 @@ class Server:
         # Ready only once every transport listens: a client that saw /v2/health/ready on HTTP
         # must find the gRPC port open too.
         self._listening = False
+        self._addresses: dict[Transport, str] = {}  # transports started, with the address each listens on
         # Observability (kernel.observe): custom metric families that models create
         # (metrics.CustomMetrics), what --metrics-config turns on (metrics.MetricsConfig), the log
         # settings of the logging extension (log.LogSettings) and the request tracer (trace.Tracer).
@@ -267,6 +268,27 @@ class Server:
 
     # ---- lifecycle -------------------------------------------------------------
 
+    async def open(self) -> None:
+        """Before any model loads: listen where a transport can serve while models load, and check
+        the ports of the others.
+
+        So a taken port stops start-up in a second rather than after every model has loaded, and
+        /v2/health/live answers during a long load (readiness stays false until start_transports),
+        so a liveness probe does not kill the pod that is loading. tritonserver listens on nothing
+        before its models are loaded; its "Started <service> at <address>" lines still come after
+        the model table here (start_transports), when the server serves, since scripts wait for them.
+        """
+        self.live = True
+        for t in self.transports:
+            if t.serves_while_loading:
+                address = await self._start_transport(t)
+                log.info("%s listening at %s while models load (live, not ready)", t.service_name, address)
+            else:
+                try:
+                    t.check_port()
+                except OSError as exc:
+                    raise TransportStartError(t, exc) from exc
+
     async def start(self) -> None:
         """Load what the model control mode loads at start-up, then follow the repositories."""
         self.live = True
@@ -279,13 +301,21 @@ class Server:
         self.control.start_polling()
 
     async def start_transports(self) -> None:
+        """Start the transports open() did not start; then the server serves (ready, when its models are)."""
         for t in self.transports:
-            try:
-                address = await t.start()
-            except OSError as exc:
-                raise TransportStartError(t, exc) from exc
-            log.info("Started %s at %s", t.service_name, address)
+            if t not in self._addresses:
+                await self._start_transport(t)
+        for t in self.transports:
+            log.info("Started %s at %s", t.service_name, self._addresses[t])
         self._listening = True
+
+    async def _start_transport(self, t: Transport) -> str:
+        try:
+            address = await t.start()
+        except OSError as exc:
+            raise TransportStartError(t, exc) from exc
+        self._addresses[t] = address
+        return address
 
     async def stop(self) -> None:
         """Graceful shutdown: refuse new work, drain in-flight requests, finalize models."""
@@ -307,6 +337,8 @@ class Server:
         remaining = self.in_flight()
         log.info("Timeout %d: Found %d in-flight requests", int(max(0, deadline - loop.time())), remaining)
         models = self.registry.all_models()
+        # Versions whose load was abandoned (a signal during start-up) were never loaded: nothing to report.
+        abandoned = {id(m) for m in models if m.state is ModelState.LOADING}
         for m in models:
             m.state = ModelState.UNLOADING
             if m.scheduler is not None:
@@ -317,7 +349,8 @@ class Server:
         )
         for m in models:
             m.state = ModelState.UNAVAILABLE
-            log.info("successfully unloaded '%s' version %d", m.name, m.version)
+            if id(m) not in abandoned:
+                log.info("successfully unloaded '%s' version %d", m.name, m.version)
         for t in self.transports:
             try:
                 await t.close()

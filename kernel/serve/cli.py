@@ -15,7 +15,6 @@ import importlib.util
 import logging
 import os
 import re
-import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -29,7 +28,7 @@ from kernel.serve.flags import (
 )
 from kernel import __version__
 from kernel.observe.log import LOG_FORMATS, LogSettings
-from kernel.serve.startup import expected_workers, service_failure
+from kernel.serve.startup import expected_workers, run, stop_on_signals
 
 # The server itself (kernel.core.server, the config and loading code, numpy, protobuf) is imported
 # by the functions that use it, not here: `main` first starts the standby workers
@@ -511,54 +510,25 @@ def build_server(args) -> "Server":
 async def serve(args) -> int:
     from kernel.backends.python import standby
 
-    # First, before the imports below (~0.3 s): the workers the repository will need start now and
+    # Signals first: a Ctrl-C or SIGTERM from here on stops the server, however far start-up is.
+    stop = stop_on_signals()
+    # Then, before the imports below (~0.3 s): the workers the repository will need start now and
     # import numpy & co. on the other cores while the front imports the server.
     await standby.prestart(expected_workers(args))
     try:
-        return await _serve(args)
+        return await _serve(args, stop)
     finally:
         standby.release()
 
 
-async def _serve(args) -> int:
-    from kernel.backends.python import standby
-    from kernel.core.server import StartupError
-    from kernel.core.transport import TransportStartError
+async def _serve(args, stop: asyncio.Event) -> int:
     server = build_server(args)
     remote = None
     if args.allow_remote_binding:  # PyTriton's remote binding (the callable backend, msgspec, protobuf)
         from kernel.serve.remote import remote_binding_host
 
         remote = remote_binding_host(server, args)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await server.start()
-        standby.release()  # start-up loading is over: the standbys nobody took exit
-        await server.start_transports()
-        if remote is not None:
-            await remote.start()
-    except TransportStartError as exc:
-        log.error("%s", service_failure(exc))
-        await server.stop()
-        return 1
-    except (StartupError, OSError) as exc:
-        if str(exc).startswith("failed to start "):  # a service refused its settings, e.g. Vertex AI's
-            log.error("%s", exc)
-        else:
-            log.error("error: creating server: %s", exc)
-        await server.stop()
-        return 1
-    await stop.wait()
-    log.info("Received signal, shutting down")
-    if remote is not None:
-        remote.stop_listening()
-    await server.stop()
-    if remote is not None:
-        await remote.close()
-    return 0
+    return await run(server, remote, stop)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

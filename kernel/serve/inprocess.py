@@ -117,6 +117,7 @@ class InProcessServer:
             self.server = cli.build_server(self.args)
             if self._prepare is not None:
                 self._prepare(self.server)
+            await self.server.open()  # listen (live) and check every port before the repository loads
             await self.server.start()
             await self.server.start_transports()
         except BaseException as exc:  # noqa: BLE001 - reported to the thread that called start()
