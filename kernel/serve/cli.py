@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Optional
@@ -342,6 +343,25 @@ def _check_local(path: str) -> None:
         )
 
 
+def _check_repository(path: Path) -> None:
+    """A model repository that is missing, or a file, or unreadable stops start-up naming which.
+
+    tritonserver 2.51 says `Internal - failed to stat file /nope` for a path that does not exist and
+    `Invalid argument - repository path is not a valid directory` for a file; Kernel keeps those
+    words and adds what was found, and the path."""
+    from kernel.core.server import StartupError
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise StartupError(f"Internal - failed to stat file {path}: the model repository does not exist") from None
+    except OSError as exc:
+        raise StartupError(f"Internal - failed to stat file {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise StartupError(f"Invalid argument - repository path is not a valid directory: '{path}' is not a "
+                           "directory")
+
+
 def _parse_metrics_config(values: list[str]) -> dict[str, str]:
     """--metrics-config summary_latencies=true, each value already checked by parse_metrics_setting."""
     out: dict[str, str] = {}
@@ -409,8 +429,7 @@ def build_server(args) -> "Server":
     check_ports(args)
     repos = [Path(r) for r in paths]
     for r in repos:
-        if not r.is_dir():
-            raise StartupError(f"failed to stat model repository path '{r}': not a directory")
+        _check_repository(r)
     backend_config = _parse_backend_config(args.backend_config)
     try:
         trace_config = config_from_flags(
