@@ -284,6 +284,11 @@ class ModelControl:
         """pb_utils.is_model_ready: allowed in every mode."""
         return await self.server.model_ready(name, parse_version(version))
 
+    def validate_name(self, name: str) -> None:
+        """The model name rules (kernel.loading.names), for transports that name models themselves
+        (SageMaker's multi-model endpoint) and must not import the loading layer."""
+        validate_model_name(name)
+
     # ---- loading -------------------------------------------------------------------
 
     def _check_allowed(self) -> None:
