@@ -248,22 +248,33 @@ class Server:
             m.state = ModelState.UNAVAILABLE
             if m.response_cache is not None:
                 m.response_cache.clear_model(m)
-            log.info("successfully unloaded '%s' version %d", m.name, m.version)
+            log.info("successfully unloaded '%s' version %d", m.name, m.version, extra=_unloaded(m))
 
     async def stop_versions(self, models: list[Model], timeout: float) -> None:
         await asyncio.gather(
             *(inst.stop(timeout) for m in models for inst in m.instances), return_exceptions=True
         )
 
-    def model_table(self) -> str:
+    def model_states(self) -> list[dict]:
+        """Every model version's state, the model table's rows as log event fields (model, version,
+        state, reason: kernel.observe.log.EVENT_FIELDS); the JSON log writes one event per row."""
         rows = []
         for name in sorted(self.registry.entries):
             e = self.registry.entries[name]
             if e.versions:
                 for v, m in sorted(e.versions.items()):
-                    rows.append((name, str(v), m.state.value if m.state is not ModelState.READY else "READY"))
+                    rows.append({"model": name, "version": v, "state": m.state.value})
             else:
-                rows.append((name, "-", f"UNAVAILABLE: {e.reason}" if e.reason else e.state.value))
+                row = {"model": name, "state": e.state.value}
+                if e.reason:
+                    row["reason"] = e.reason
+                rows.append(row)
+        return rows
+
+    def model_table(self) -> str:
+        """tritonserver's start-up table of models, versions and states."""
+        rows = [(r["model"], str(r.get("version", "-")),
+                 f"UNAVAILABLE: {r['reason']}" if r.get("reason") else r["state"]) for r in self.model_states()]
         return _table(("Model", "Version", "Status"), rows)
 
     # ---- lifecycle -------------------------------------------------------------
@@ -282,7 +293,8 @@ class Server:
         for t in self.transports:
             if t.serves_while_loading:
                 address = await self._start_transport(t)
-                log.info("%s listening at %s while models load (live, not ready)", t.service_name, address)
+                log.info("%s listening at %s while models load (live, not ready)", t.service_name, address,
+                         extra={"service": t.service_name, "address": address})
             else:
                 try:
                     t.check_port()
@@ -294,7 +306,7 @@ class Server:
         self.live = True
         all_found = await self.control.load_startup_models()
         self._loaded = True
-        log.info(self.model_table())
+        log.info(self.model_table(), extra={"models": self.model_states()})
         failed = [e for e in self.registry.entries.values() if e.state is ModelState.UNAVAILABLE]
         if (failed or not all_found) and self.options.exit_on_error:
             raise StartupError("failed to load all models")
@@ -306,7 +318,8 @@ class Server:
             if t not in self._addresses:
                 await self._start_transport(t)
         for t in self.transports:
-            log.info("Started %s at %s", t.service_name, self._addresses[t])
+            log.info("Started %s at %s", t.service_name, self._addresses[t],
+                     extra={"service": t.service_name, "address": self._addresses[t]})
         self._listening = True
 
     async def _start_transport(self, t: Transport) -> str:
@@ -350,7 +363,7 @@ class Server:
         for m in models:
             m.state = ModelState.UNAVAILABLE
             if id(m) not in abandoned:
-                log.info("successfully unloaded '%s' version %d", m.name, m.version)
+                log.info("successfully unloaded '%s' version %d", m.name, m.version, extra=_unloaded(m))
         for t in self.transports:
             try:
                 await t.close()
@@ -365,6 +378,11 @@ class Server:
 
 
 _now_ns = time.monotonic_ns
+
+
+def _unloaded(model: Model) -> dict:
+    """The log event fields of an unloaded version (kernel.observe.log.EVENT_FIELDS)."""
+    return {"model": model.name, "version": model.version, "state": ModelState.UNAVAILABLE.value, "reason": "unloaded"}
 
 
 def _has_work(model: Model) -> bool:

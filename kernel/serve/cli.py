@@ -553,7 +553,7 @@ async def _serve(args, stop: asyncio.Event) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     server_log.configure(args.log_verbose, args.log_info, args.log_warning, args.log_error,
-                         args.log_format, args.log_file)
+                         args.log_format, args.log_file, role=server_log.SERVE)
     for flag in args.no_effect:
         log.warning("%s is accepted for compatibility with tritonserver and has no effect in Kernel", flag)
     problem = _check_model_control(args)
