@@ -132,7 +132,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def load(self, source: ModelSource) -> list[BackendInstance]:
-        """Start every instance of a model version. Raises KernelError when the model cannot load."""
+        """Start every instance of a model version. Raises KernelError when the model cannot load.
+
+        Cancelled (a signal during start-up abandons the loads), it stops what it had started."""
 
     def default_model_filename(self) -> str:
         return "model.py"
