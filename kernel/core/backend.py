@@ -76,8 +76,13 @@ class BackendInstance(abc.ABC):
         """Let in-flight work finish (up to timeout), finalize the model, end the instance."""
 
 
+# Load parameters named "file:<path>" carry the files of the model folder to load (the repository
+# extension's load request): transports collect them for ModelControlHandle.load's `files`.
+FILE_PREFIX = "file:"
+
+
 class ModelControlHandle(Protocol):
-    """Model control as the core and backends see it (kernel.loading.control.ModelControl)."""
+    """Model control as the core, transports and backends see it (kernel.loading.control.ModelControl)."""
 
     async def load_startup_models(self) -> bool: ...
 
@@ -90,6 +95,11 @@ class ModelControlHandle(Protocol):
     async def unload(self, name: str, unload_dependents: bool = False) -> None: ...
 
     async def is_ready(self, name: str, version: str = "") -> bool: ...
+
+    def validate_name(self, name: str) -> None:
+        """Raise KernelError (INVALID_ARG, Triton's words) for a name no model can have: a path, shell
+        characters, control characters, too long. For names that become models outside load()."""
+        ...
 
 
 class CoreHandle(Protocol):
@@ -122,7 +132,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def load(self, source: ModelSource) -> list[BackendInstance]:
-        """Start every instance of a model version. Raises KernelError when the model cannot load."""
+        """Start every instance of a model version. Raises KernelError when the model cannot load.
+
+        Cancelled (a signal during start-up abandons the loads), it stops what it had started."""
 
     def default_model_filename(self) -> str:
         return "model.py"
