@@ -24,8 +24,9 @@ SCANNED = ("kernel", "transports", "backends", "triton_python_backend_utils", "t
 # Fixed paths in /tmp that code may name, with why. Anything else is refused.
 ALLOWED = {
     # The remote-binding socket folder: a fixed per-user place every process of the user finds a
-    # server's socket in (mode 0700, checked); each socket is removed by the server that made it.
-    ("kernel/proxy/remote.py", "/tmp"),
+    # server's socket in (mode 0700, owner and peer uid checked; a squatted name falls back to a
+    # fresh mkdtemp folder); each socket is removed by the server that made it.
+    ("kernel/proxy/remote_socket.py", "/tmp"),
     # SageMaker's multi-model contract: the repository tritonserver's SageMaker `serve` uses.
     ("kernel/serve/sagemaker.py", "/tmp/sagemaker"),
     # Paths in requests and assertions that nothing is written there (never created by a test).
