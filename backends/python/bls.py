@@ -179,6 +179,8 @@ class BlsClient:
             request._correlation_id,
             request._flags,
             request._parameters or "{}",
+            0,
+            request._trace.get_context() or "",
         )
         worker.channel.send(
             messages.BlsRequest(

@@ -292,6 +292,7 @@ class WorkerInstance(BackendInstance):
                         traced = []
                         trace_key = next(self._keys)
                     traced.append(request.trace)
+                    batch[-1].trace_context = request.trace.context()  # what request.trace() gives the model
             self.channel.send(messages.Execute(batch, trace_key) if traced else messages.Execute(batch))
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
             self._unsent(requests, packed, exc)
@@ -485,6 +486,9 @@ class WorkerInstance(BackendInstance):
                 self._bls_calls.pop(key, None)
                 if state["timer"] is not None:
                     state["timer"].cancel()
+                if request.trace is not None:  # this call's trace is done with (see bls_trace)
+                    trace, request.trace = request.trace, None
+                    trace.release()
             if not self.healthy or self.channel is None or self.channel.closed:
                 return
             if response.error is not None:
@@ -497,6 +501,8 @@ class WorkerInstance(BackendInstance):
                 wire_response = messages.Response(key, tensors, None, params_json, response.final)
             self.channel.send(messages.BlsResponses([wire_response]))
 
+        if r.trace_context and self.core.tracer is not None:  # InferenceRequest(trace=request.trace())
+            request.trace = self.core.tracer.bls_trace(r.trace_context)
         request.on_response = reply
         self._bls_calls[key] = request
         try:

@@ -246,7 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = flag_adder(g["Tracing"])
     a("--trace-config", action="append", default=[], metavar="[<mode>,]<setting>=<value>",
-      help="rate, level, count, mode; triton,file / triton,log-frequency (repeatable)")
+      help="rate, level, count, mode (triton or opentelemetry); triton,file / triton,log-frequency; "
+           "opentelemetry,url / resource / bsp_max_queue_size / bsp_schedule_delay / bsp_max_export_batch_size "
+           "(repeatable)")
 
     a = flag_adder(g["Backend"])
     a("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
