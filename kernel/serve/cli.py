@@ -259,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = flag_adder(g["Response Cache"])
     a("--cache-config", action="append", default=[], metavar="<cache name>,<setting>=<value>",
-      help="the response cache: local,size=<bytes> (repeatable)")
+      help="the response cache: local,size=<bytes>, or redis,host=<host> and redis,port=<port> (also user, "
+           "password, db, connect_timeout, socket_timeout, pool_size, wait_timeout, cert, key, cacert, "
+           "cacert_dir) (repeatable)")
 
     a = flag_adder(g["DEPRECATED"])
     a("--response-cache-byte-size", type=parse_int64, default=None,
