@@ -14,14 +14,20 @@ that drift on the shared box hits them alike:
     .venv/bin/python benchmarks/trace_cache_cost.py --configs off --label before --rounds 2
 
 Prints a markdown table (infer/s per configuration, protocol and concurrency, the median over
-rounds); with --json also writes the numbers. The "before" figure for tracing off is taken by
-running ``--configs off`` on the commit before the change, in the same checkout.
+rounds); with --json also writes the numbers. ``--root DIR`` serves from another checkout (e.g. a
+``git worktree`` of the commit before a change, for a "before" figure) with this venv: the server
+and its model workers import that checkout's code (PYTHONPATH; kernel/transports and
+kernel/backends are linked to its transports/ and backends/ when missing).
+
+    git worktree add /tmp/base <commit>
+    .venv/bin/python benchmarks/trace_cache_cost.py --configs off --label "before " --root /tmp/base
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import socket
 import statistics
@@ -84,6 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--ports", type=int, nargs=3, default=[19300, 19301, 19302])
     ap.add_argument("--json", help="also write the numbers here")
+    ap.add_argument("--root", help="serve this checkout's code instead of this one's")
     args = ap.parse_args(argv)
     # what benchmarks/run.py's helpers read
     args.allow_unstable, args.stability_percentage, args.max_trials = True, 20.0, 4
@@ -112,14 +119,23 @@ def main(argv=None) -> int:
                                   "--appendonly", "no", "--dir", str(work)], stdout=subprocess.DEVNULL)
         time.sleep(0.5)
 
+    prefix = ""
+    if args.root:
+        root = Path(args.root).resolve()
+        for name in ("transports", "backends"):  # the layout the wheel installs (package-dir)
+            link = root / "kernel" / name
+            if not link.exists():
+                link.symlink_to(Path("..") / name)
+        prefix = f"cd {shlex.quote(str(root))} && PYTHONPATH={shlex.quote(str(root))} "
     results: dict[str, list[float]] = {}
     try:
         for rnd in range(1, args.rounds + 1):
             for cfg in args.configs:
                 repo = cached if cfg.endswith("-hits") else plain
                 extra = " ".join(flags_for(cfg, otlp_url, redis_port))
-                args.kernel_cmd = ("exec {python} -m kernel serve --model-repository {repo} --http-port {http_port} "
-                                   "--grpc-port {grpc_port} --metrics-port {metrics_port} " + extra)
+                args.kernel_cmd = prefix + (
+                    "exec {python} -m kernel serve --model-repository {repo} --http-port {http_port} "
+                    "--grpc-port {grpc_port} --metrics-port {metrics_port} " + extra)
                 out = work / f"{cfg}-r{rnd}"
                 out.mkdir()
                 srv, _ = harness.start_kernel(args, repo, args.ports, out)
