@@ -13,8 +13,10 @@ that drift on the shared box hits them alike:
     .venv/bin/python benchmarks/trace_cache_cost.py                 # all, HTTP+gRPC, c=1 and 16
     .venv/bin/python benchmarks/trace_cache_cost.py --configs off --label before --rounds 2
 
-Prints a markdown table (infer/s per configuration, protocol and concurrency, the median over
-rounds); with --json also writes the numbers. ``--root DIR`` serves from another checkout (e.g. a
+Prints a markdown table per configuration, protocol and concurrency: infer/s, and the front
+process's CPU time per request (user+system, all its threads, over the requests the server answered
+during the point: a cost that other work on a shared box disturbs far less than throughput), the
+median over rounds; with --json also writes the numbers. ``--root DIR`` serves from another checkout (e.g. a
 ``git worktree`` of the commit before a change, for a "before" figure) with this venv: the server
 and its model workers import that checkout's code (PYTHONPATH; kernel/transports and
 kernel/backends are linked to its transports/ and backends/ when missing).
@@ -67,6 +69,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _answered(port: int) -> int:
+    """Requests the server has answered (success + fail over every model), from the statistics extension."""
+    status, body = harness.http_get(f"http://127.0.0.1:{port}/v2/models/stats", timeout=5.0)
+    if status != 200:
+        return 0
+    total = 0
+    for s in json.loads(body)["model_stats"]:
+        total += int(s["inference_stats"]["success"]["count"]) + int(s["inference_stats"]["fail"]["count"])
+    return total
 
 
 def flags_for(config: str, otlp_url: str, redis_port: int) -> list[str]:
@@ -128,6 +141,7 @@ def main(argv=None) -> int:
                 link.symlink_to(Path("..") / name)
         prefix = f"cd {shlex.quote(str(root))} && PYTHONPATH={shlex.quote(str(root))} "
     results: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     try:
         for rnd in range(1, args.rounds + 1):
             for cfg in args.configs:
@@ -142,11 +156,16 @@ def main(argv=None) -> int:
                 try:
                     for protocol in protocols:
                         for c in args.concurrency:
+                            cpu0, done0 = harness.cpu_seconds(srv.main_pid), _answered(srv.http_port)
                             pt = harness.run_perf_analyzer(srv, protocol, c, args, out, rnd)
+                            cpu1, done1 = harness.cpu_seconds(srv.main_pid), _answered(srv.http_port)
                             key = f"{args.label}{cfg} {protocol} c={c}"
                             value = pt.infer_per_s if not pt.error else float("nan")
+                            us = (cpu1 - cpu0) / max(1, done1 - done0) * 1e6
                             results.setdefault(key, []).append(value)
-                            print(f"round {rnd} {key}: {value:,.0f} infer/s", file=sys.stderr, flush=True)
+                            cpu.setdefault(key, []).append(us)
+                            print(f"round {rnd} {key}: {value:,.0f} infer/s, front CPU {us:,.0f} us/request",
+                                  file=sys.stderr, flush=True)
                 finally:
                     srv.stop()
     finally:
@@ -156,12 +175,13 @@ def main(argv=None) -> int:
             redis.wait()
         shutil.rmtree(work, ignore_errors=True)
 
-    print("| configuration | infer/s (median of rounds) | rounds |")
-    print("| --- | ---: | --- |")
+    print("| configuration | infer/s (median) | front CPU us/request (median) | rounds: infer/s; us |")
+    print("| --- | ---: | ---: | --- |")
     for key, values in results.items():
-        print(f"| {key} | {statistics.median(values):,.0f} | {', '.join(f'{v:,.0f}' for v in values)} |")
+        print(f"| {key} | {statistics.median(values):,.0f} | {statistics.median(cpu[key]):,.0f} | "
+              f"{', '.join(f'{v:,.0f}' for v in values)}; {', '.join(f'{v:,.0f}' for v in cpu[key])} |")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({"infer_per_s": results, "front_cpu_us_per_request": cpu}, indent=1))
     return 0
 
 

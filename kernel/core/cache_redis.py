@@ -14,9 +14,13 @@ Why it works this way:
   change when a model is reloaded: entries outlive a load (and the server), and Redis's own
   eviction policy bounds them.
 - Nothing waits on Redis on the event loop. Server.submit hands a request of a caching model to
-  `serve`, which starts the lookup as a task and returns; the task answers a hit, or schedules
-  the request on a miss. Inserts go out after the response was delivered and are not awaited.
-  Models without a response cache still pay one attribute test; the local cache is untouched.
+  `serve`, which queues its key and returns; lookups go out as MGETs (up to pool_size at a time,
+  each carrying every key queued meanwhile), and each answer either answers the request (a hit) or
+  schedules it (a miss). Inserts go out after the response was delivered, batched the same way as
+  MSETs on one more connection, and are not awaited. Batching matters: redis-py spends on the
+  order of 100 us of CPU per command, so one command per request would cost a hit as much as
+  running a small model. Models without a response cache still pay one attribute test; the local
+  cache is untouched.
 - Redis can fail or slow down without failing or stalling inference: every command is bounded
   (socket_timeout and connect_timeout; Triton's 0, "wait forever", becomes DEFAULT_TIMEOUT_MS
   here), a failed lookup is a miss and the request is computed, and after FAILURES_TO_OPEN
@@ -50,7 +54,9 @@ DEFAULT_TIMEOUT_MS = 1000
 FAILURES_TO_OPEN = 3
 FIRST_COOLDOWN_S = 1.0
 MAX_COOLDOWN_S = 30.0
-MAX_PENDING_INSERTS = 256  # inserts not yet acknowledged; beyond this a response is not stored
+MAX_PENDING_INSERTS = 256  # inserts waiting for an MSET; beyond this a response is not stored
+MAX_BATCH = 256  # keys in one MGET / MSET
+MAX_BATCH_BYTES = 8 << 20  # bytes of values in one MSET
 MAX_ENTRY_BYTES = 64 << 20  # responses above this are not stored (Redis values are capped at 512 MiB)
 
 _now_ns = time.monotonic_ns
@@ -180,7 +186,10 @@ class RedisCache:
         self.insertion_ns = 0
         self.stored = 0  # entries this server wrote
         self.pending = 0  # lookups not answered yet (Server.in_flight counts them)
-        self._inserting = 0
+        self._lookups: list = []  # (model, request, key, start) waiting for the next MGET
+        self._getting = 0  # MGETs out (at most pool_size)
+        self._inserts: dict = {}  # key -> (value, model stats, encoding ns) waiting for the next MSET
+        self._setting = False  # an MSET is out (one at a time, on its own connection)
         self._failures = 0  # in a row
         self._open_until = 0.0  # circuit breaker: skip Redis until then
         self._cooldown = FIRST_COOLDOWN_S
@@ -223,7 +232,8 @@ class RedisCache:
             connection_class = SSLConnection
             kwargs.update(ssl_certfile=s.cert or None, ssl_keyfile=s.key or None, ssl_ca_certs=s.cacert or None,
                           ssl_ca_path=s.cacert_dir or None)
-        pool = BlockingConnectionPool(max_connections=s.pool_size, timeout=s.wait_timeout_ms / 1000,
+        # pool_size connections for lookups (MGETs), and one more for inserts (one MSET at a time).
+        pool = BlockingConnectionPool(max_connections=s.pool_size + 1, timeout=s.wait_timeout_ms / 1000,
                                       connection_class=connection_class, **kwargs)
         self.client = aioredis.Redis(connection_pool=pool)
         try:
@@ -246,28 +256,52 @@ class RedisCache:
     # ---- the request path -------------------------------------------------------------
 
     def serve(self, model, request: InferRequest) -> bool:
-        """Take the request over (True): a task looks it up, then answers it or schedules it. While
-        the circuit breaker is open, a miss decided on the spot (False: the caller schedules it)."""
+        """Take the request over (True): its lookup joins the next MGET, and the answer either
+        answers it or schedules it. While the circuit breaker is open, a miss decided on the spot
+        (False: the caller schedules it)."""
         start = _now_ns()
-        if self._open_until and _monotonic() < self._open_until or self.client is None:
+        if self._breaker_open() or self.client is None:
             self._miss(model, request, None, start)
             return False
         self.pending += 1
-        task = asyncio.get_running_loop().create_task(self._lookup(model, request, start))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._lookups.append((model, request, redis_key(model, request), start))
+        if self._getting < self.settings.pool_size:
+            self._start_get()
         return True
 
-    async def _lookup(self, model, request: InferRequest, start: int) -> None:
-        key = redis_key(model, request)
-        data = None
+    def _breaker_open(self) -> bool:
+        return bool(self._open_until) and _monotonic() < self._open_until
+
+    def _start_get(self) -> None:
+        # Every lookup queued while the previous MGETs were out goes in one command: under load the
+        # client's per-command cost is paid once for many requests.
+        batch, self._lookups = self._lookups[:MAX_BATCH], self._lookups[MAX_BATCH:]
+        self._getting += 1
+        self._track(self._get_batch(batch))
+
+    async def _get_batch(self, batch: list) -> None:
+        values = None
         try:
-            data = await self.client.get(key)
+            values = await self.client.mget([b[2] for b in batch])
             self._succeeded()
         except Exception as exc:  # noqa: BLE001 - Redis's trouble is a miss, never the request's
             self._failed(exc)
         finally:
-            self.pending -= 1
+            self._getting -= 1
+            self.pending -= len(batch)
+        for i, (model, request, key, start) in enumerate(batch):
+            self._answer(model, request, key, start, values[i] if values is not None else None)
+        if self._lookups and self._getting < self.settings.pool_size:
+            if self._breaker_open():  # Redis went away meanwhile: what waits is computed now
+                waiting, self._lookups = self._lookups, []
+                self.pending -= len(waiting)
+                for model, request, key, start in waiting:
+                    self._answer(model, request, None, start, None)
+            else:
+                self._start_get()
+
+    def _answer(self, model, request: InferRequest, key: Optional[bytes], start: int, data) -> None:
+        """A lookup's outcome: answer the request from the entry, or let the model compute it."""
         outputs = None
         if data is not None:
             try:
@@ -308,33 +342,51 @@ class RedisCache:
         request.on_response = on_response
 
     def _store(self, key: bytes, response: InferResponse, all_outputs: bool, stats) -> None:
-        if self._inserting >= MAX_PENDING_INSERTS or (self._open_until and _monotonic() < self._open_until):
+        if len(self._inserts) >= MAX_PENDING_INSERTS or self._breaker_open():
             return
         t0 = _now_ns()
         params = msgspec.json.encode(response.parameters) if response.parameters else b""
         # Encoding copies the output bytes: the response's buffers are reused once it is sent.
         value = _encode([1, all_outputs, params, [(t.name, t.datatype, list(t.shape), t.raw) for t in response.outputs]])
-        encode_ns = _now_ns() - t0
         if len(value) > MAX_ENTRY_BYTES:
             return
-        self._inserting += 1
-        task = asyncio.get_running_loop().create_task(self._insert(key, value, stats, encode_ns))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._inserts[key] = (value, stats, _now_ns() - t0)
+        if not self._setting:
+            self._start_set()
 
-    async def _insert(self, key: bytes, value: bytes, stats, encode_ns: int) -> None:
+    def _start_set(self) -> None:
+        batch, size = {}, 0
+        while self._inserts and (not batch or (len(batch) < MAX_BATCH and size < MAX_BATCH_BYTES)):
+            key = next(iter(self._inserts))
+            entry = batch[key] = self._inserts.pop(key)
+            size += len(entry[0])
+        self._setting = True
+        self._track(self._set_batch(batch))
+
+    async def _set_batch(self, batch: dict) -> None:
         t0 = _now_ns()
         try:
-            await self.client.set(key, value)
+            await self.client.mset({key: entry[0] for key, entry in batch.items()})
             self._succeeded()
-            self.stored += 1
-            took = encode_ns + _now_ns() - t0
-            self.insertion_ns += took
-            stats.add_cache_insert_ns(took)
+            self.stored += len(batch)
+            share = (_now_ns() - t0) // len(batch)
+            for _value, stats, encode_ns in batch.values():
+                self.insertion_ns += encode_ns + share
+                stats.add_cache_insert_ns(encode_ns + share)
         except Exception as exc:  # noqa: BLE001
             self._failed(exc)
         finally:
-            self._inserting -= 1
+            self._setting = False
+        if self._inserts:
+            if self._breaker_open():
+                self._inserts.clear()
+            else:
+                self._start_set()
+
+    def _track(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # ---- circuit breaker --------------------------------------------------------------
 

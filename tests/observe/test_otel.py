@@ -334,3 +334,63 @@ def test_nothing_of_opentelemetry_or_redis_is_loaded_when_off(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_help_lists_opentelemetry_and_redis_as_supported():
+    out = subprocess.run([sys.executable, "-m", "kernel", "serve", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    text = " ".join(out.stdout.split())
+    for flag in ("--trace-config", "--cache-config"):
+        start = text.index(flag + " ")
+        entry = text[start:start + 400]
+        assert "not supported" not in entry and "refused" not in entry, entry
+    assert "mode (triton or opentelemetry)" in text and "redis,host=<host>" in text
+
+
+def test_pytriton_trace_and_cache_config(tmp_path):
+    """TritonConfig(trace_config=[...mode=opentelemetry...], cache_config=[redis,...]) as PyTriton users write
+    them: a bound callable's requests export spans, and its responses land in the shared Redis."""
+    from conftest import free_ports
+    from kernel.decorators import batch
+    from kernel.model_config import ModelConfig, Tensor
+    from kernel.triton import Triton, TritonConfig
+    from redis_server import RedisServer
+
+    calls = []
+
+    @batch
+    def double(x):
+        calls.append(len(x))
+        return {"y": x * 2}
+
+    r = Receiver()
+    redis = RedisServer(tmp_path / "redis")
+    try:
+        http, grpc, metrics = free_ports(3)
+        config = TritonConfig(
+            http_port=http, grpc_port=grpc, metrics_port=metrics,
+            trace_config=["mode=opentelemetry", "level=TIMESTAMPS", "rate=1", f"opentelemetry,url={r.url}",
+                          "opentelemetry,bsp_schedule_delay=50"],
+            cache_config=["redis,host=127.0.0.1", f"redis,port={redis.port}"],
+        )
+        spec = dict(inputs=[Tensor(name="x", dtype=np.float32, shape=(-1,))],
+                    outputs=[Tensor(name="y", dtype=np.float32, shape=(-1,))])
+        trace_id = "4af7651916cd43dd8448eb211c80319c"
+        with Triton(config=config, workspace=tmp_path / "ws") as triton:
+            triton.bind("doubler", double, config=ModelConfig(response_cache=True), **spec)
+            triton.run()
+            c = httpclient.InferenceServerClient(f"localhost:{http}")
+            for _ in range(2):
+                t = httpclient.InferInput("x", [1, 3], "FP32")
+                t.set_data_from_numpy(np.array([[1, 2, 3]], dtype=np.float32))
+                out = c.infer("doubler", [t], headers={"traceparent": f"00-{trace_id}-{PARENT_SPAN}-01"})
+                np.testing.assert_array_equal(out.as_numpy("y"), [[2, 4, 6]])
+                time.sleep(0.3)  # the first response's insert is not awaited by the request
+            spans = r.wait(lambda spans: sum(s["name"] == "doubler" for s in spans) >= 2)
+            c.close()
+        assert _one([s for s in spans if s["name"] == "InferRequest"][:1], "InferRequest")["parent"] == PARENT_SPAN
+        assert len(calls) == 1  # the second request was a hit
+        assert any(k.startswith("kernel:response-cache:") for k in redis.command("KEYS", "*").split())
+    finally:
+        redis.kill()
+        r.close()

@@ -69,8 +69,8 @@ class GrpcStream(Stream):
 
     __slots__ = (
         "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
-        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "trace_context", "denied", "call",
-        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed",
+        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
+        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "trace_context",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
