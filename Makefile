@@ -37,8 +37,18 @@ $(BENCH_STAMP): pyproject.toml $(RUNTIME_STAMP)
 serve: $(RUNTIME_STAMP)
 	$(VENV)/bin/kernel serve $(if $(filter --model-repository% --model-store%,$(ARGS)),,--model-repository model_repo_examples) $(ARGS)
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) redis-server
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The redis response cache tests start a real redis-server (Debian package redis-server). Installed
+# with apt-get when missing; nothing is done (or printed) when it is there.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
+.PHONY: redis-server
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make test needs redis-server (the redis cache tests start one) and there is no apt-get here: install Redis (redis-server) by hand" >&2; exit 1; }; \
+	  echo "installing redis-server with apt-get (the redis cache tests start one)"; \
+	  $(SUDO) apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
 
 # Kernel vs real Triton on every scenario of issue 17 (benchmarks/suite.py); real Triton and
 # perf_analyzer are installed from PyPI into benchmarks/.peers on first use. ARGS="--quick --rounds 1" to try it.

@@ -303,6 +303,8 @@ class Worker(InlineWaits):
                 inputs, r.request_id, r.correlation_id, r.flags, r.requested_outputs or self.output_names,
                 r.parameters, self.model_name, self.model_version, sink.sender, sink.is_cancelled,
             )
+            if r.trace_context:  # traced: request.trace() names it, and BLS calls that pass it join it
+                request._trace = pb_utils.InferenceTrace(r.trace_context)
             requests.append(request)
             keys.append(r.key)
             keys.meta.append((r.arrival_ns, batch_size(r, self.max_batch_size)))

@@ -112,6 +112,9 @@ class CoreHandle(Protocol):
 
     control: Optional[ModelControlHandle]
     custom_metrics: Any
+    # kernel.observe.trace.Tracer (None when not composed): a BLS call that passes its caller's
+    # trace context (InferenceRequest(trace=request.trace())) is traced as the caller's child.
+    tracer: Any
 
     def submit(self, request: InferRequest) -> None: ...
 

@@ -194,6 +194,8 @@ class Server:
     def in_flight(self) -> int:
         models = self.registry.all_models()
         queued = sum(m.scheduler.pending_count() for m in models if m.scheduler is not None)
+        if self.response_cache is not None:
+            queued += self.response_cache.pending  # waiting for a redis lookup, not scheduled yet
         return queued + sum(inst.in_flight for m in models for inst in m.instances)
 
     # ---- statistics ------------------------------------------------------------
@@ -307,6 +309,11 @@ class Server:
 
     async def start(self) -> None:
         """Load what the model control mode loads at start-up, then follow the repositories."""
+        if self.response_cache is not None:
+            try:
+                await self.response_cache.open()  # the redis cache connects (and must answer) first
+            except RuntimeError as exc:
+                raise StartupError(str(exc)) from None
         self.live = True
         all_found = await self.control.load_startup_models()
         self._loaded = True
@@ -377,6 +384,8 @@ class Server:
         self.held_output.close()
         self.held_input.close()
         self.shared_memory.close()
+        if self.response_cache is not None:
+            await self.response_cache.close()
         if self.tracer is not None:
             await self.tracer.close()
         self.live = False

@@ -249,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = flag_adder(g["Tracing"])
     a("--trace-config", action="append", default=[], metavar="[<mode>,]<setting>=<value>",
-      help="rate, level, count, mode; triton,file / triton,log-frequency (repeatable)")
+      help="rate, level, count, mode (triton or opentelemetry); triton,file / triton,log-frequency; "
+           "opentelemetry,url / resource / bsp_max_queue_size / bsp_schedule_delay / bsp_max_export_batch_size "
+           "(repeatable)")
 
     a = flag_adder(g["Backend"])
     a("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
@@ -260,7 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = flag_adder(g["Response Cache"])
     a("--cache-config", action="append", default=[], metavar="<cache name>,<setting>=<value>",
-      help="the response cache: local,size=<bytes> (repeatable)")
+      help="the response cache: local,size=<bytes>, or redis,host=<host> and redis,port=<port> (also user, "
+           "password, db, connect_timeout, socket_timeout, pool_size, wait_timeout, cert, key, cacert, "
+           "cacert_dir) (repeatable)")
 
     a = flag_adder(g["DEPRECATED"])
     a("--response-cache-byte-size", type=parse_int64, default=None,
