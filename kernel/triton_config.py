@@ -89,6 +89,10 @@ class TritonConfig:
     buffer_manager_thread_count: Optional[int] = None
     #: Kernel's own: let processes of this user on this host bind models with RemoteTriton (off by default).
     allow_remote_binding: Optional[bool] = None
+    #: Kernel's own: serve the OpenAI-compatible API on this port (`kernel serve --openai-port`; off when None).
+    openai_port: Optional[int] = None
+    #: Kernel's own: the address of the OpenAI-compatible API (None: http_address).
+    openai_address: Optional[str] = None
 
     def __post_init__(self):
         if self.allow_http not in (True, None) and self.allow_grpc not in (True, None):
