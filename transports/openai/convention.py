@@ -49,6 +49,7 @@ _FLOATS = ("FP16", "FP32", "FP64")
 _TRUE = b"\x01"
 _FALSE = b"\x00"
 _pack_len = struct.Struct("<I").pack
+_unpack_len = struct.Struct("<I").unpack_from
 _json = msgspec.json.Encoder()
 
 
@@ -140,12 +141,12 @@ class ChoiceText:
         for tensor in response.outputs:
             name = tensor.name
             if name == TEXT_OUTPUT:
-                text = self.decoder.decode(b"".join(_strings(tensor)), final)
+                text = self.decoder.decode(_text_bytes(tensor), final)
             elif name == "num_output_tokens":
-                self.completion_tokens += int(_first_int(tensor))
+                self.completion_tokens += _first_int(tensor)
             elif name == "num_input_tokens":
                 if self.prompt_tokens is None:
-                    self.prompt_tokens = int(_first_int(tensor))
+                    self.prompt_tokens = _first_int(tensor)
             elif name == "finish_reason":
                 values = _strings(tensor)
                 if values and values[0] and values[0] not in (b"None", b"null"):  # vLLM: "None" until the end
@@ -164,7 +165,29 @@ def _strings(tensor: InferTensor) -> list[bytes]:
         return []
 
 
+def _text_bytes(tensor: InferTensor):
+    """The bytes of a text output: its one element, read in place (the common case), else all
+    elements joined."""
+    if tensor.datatype == "BYTES":
+        raw = tensor.raw
+        if len(raw) >= 4 and _unpack_len(raw, 0)[0] + 4 == len(raw):
+            return memoryview(raw)[4:]
+    return b"".join(_strings(tensor))
+
+
+_INTS = {name: struct.Struct("<" + code) for name, code in (
+    ("UINT8", "B"), ("INT8", "b"), ("UINT16", "H"), ("INT16", "h"), ("UINT32", "I"), ("INT32", "i"),
+    ("UINT64", "Q"), ("INT64", "q"))}
+
+
 def _first_int(tensor: InferTensor) -> int:
+    """A count output's first element (read from its bytes for integer types: no numpy per token)."""
+    fmt = _INTS.get(tensor.datatype)
+    if fmt is not None:
+        raw = tensor.raw
+        if len(raw) >= fmt.size:
+            return fmt.unpack_from(raw, 0)[0]
+        return 0
     array = tensor.as_numpy().reshape(-1)
     return int(array[0]) if array.size else 0
 

@@ -259,6 +259,11 @@ def test_bound_generator_answers_chat_completions(tmp_path):
         for i in range(count):
             yield [{"text_output": np.array([f" {prompt.split()[-1]}{i}".encode()], dtype=np.object_)}]
 
+    def split_character(requests):
+        """'café ☕' with each multi-byte character split across two responses."""
+        for piece in (b"caf\xc3", b"\xa9 \xe2\x98", b"\x95"):
+            yield [{"text_output": np.array([piece], dtype=np.object_)}]
+
     http, grpc, metrics, port = free_ports(4)
     config = TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics, openai_port=port)
     with Triton(config=config, workspace=tmp_path / "ws") as triton:
@@ -274,3 +279,10 @@ def test_bound_generator_answers_chat_completions(tmp_path):
             answer = client.chat.completions.create(model="words", messages=HI)
             assert answer.choices[0].message.content == " assistant:0 assistant:1 assistant:2"
             assert answer.usage is None  # the callable reports no token counts
+        triton.bind("split", split_character, [Tensor(name="text_input", dtype=bytes, shape=(1,))],
+                    [Tensor(name="text_output", dtype=bytes, shape=(1,))],
+                    config=ModelConfig(batching=False, decoupled=True))
+        with OpenAI(base_url=f"http://localhost:{port}/v1", api_key="unused", max_retries=0) as client:
+            chunks = list(client.chat.completions.create(model="split", messages=HI, stream=True))
+            assert [c.choices[0].delta.content for c in chunks] == ["caf", "é ", "☕", None]
+            assert client.chat.completions.create(model="split", messages=HI).choices[0].message.content == "café ☕"
