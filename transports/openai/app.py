@@ -244,7 +244,8 @@ class OpenAIApp:
             if generation.error is not None:
                 await send_error(send, generation.error)
                 return
-            await _send_body(send, 200, _JSON, generation.answer())
+            text_size = sum(len(part) for parts in generation.texts for part in parts)
+            await _send_body(send, 200, _JSON, await self.off_loop(text_size, generation.answer))
         finally:
             watcher.cancel()
             self.streams.discard(generation)
