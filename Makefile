@@ -13,8 +13,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,bench]"
 	touch $(STAMP)
 
+# The OpenAI-compatible API listens on 9000 (as Triton's OpenAI frontend) unless ARGS names --openai-port.
 serve: $(STAMP)
-	$(VENV)/bin/kernel serve $(if $(filter --model-repository% --model-store%,$(ARGS)),,--model-repository model_repo_examples) $(ARGS)
+	$(VENV)/bin/kernel serve $(if $(filter --model-repository% --model-store%,$(ARGS)),,--model-repository model_repo_examples) \
+	  $(if $(filter --openai-port%,$(ARGS)),,--openai-port 9000) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
