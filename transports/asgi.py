@@ -15,6 +15,7 @@ from typing import Optional
 import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.holding import HeldBytes
 from kernel.transports.http_limits import Http1Limits, protocol_with
 
 # KernelError code -> HTTP status, as tritonserver answers; every other code is a client error (400).
@@ -53,9 +54,10 @@ class UvicornListener:
     """One uvicorn server (httptools) for `app`, running in the current event loop."""
 
     def __init__(self, app, host: str, port: int, what: str, limits: Optional[Http1Limits] = None,
-                 protocol: Optional[type] = None):
+                 protocol: Optional[type] = None, max_body: Optional[int] = None, held: Optional[HeldBytes] = None):
         """protocol: the connection class uvicorn builds per connection; by default
-        protocol_with(limits). The KServe front passes its fast path's (kernel.transports.http.fast)."""
+        protocol_with(limits, max_body, held). The KServe front passes its fast path's
+        (kernel.transports.http.fast)."""
         self.app = app
         self.host = host
         self.port = port
@@ -63,6 +65,9 @@ class UvicornListener:
         # Header size and header/body timeouts for every connection (kernel.transports.http_limits).
         self.limits = limits or Http1Limits()
         self.protocol = protocol
+        self.max_body = max_body
+        self.held = held
+        self._connections: set = set()  # uvicorn's, kept past stop() for transfers() and close()
         self._server = None
         self._task: asyncio.Task | None = None
         self._closing: asyncio.Task | None = None
@@ -71,7 +76,8 @@ class UvicornListener:
         import uvicorn
 
         config = uvicorn.Config(
-            self.app, host=self.host, port=self.port, http=self.protocol or protocol_with(self.limits), loop="none",
+            self.app, host=self.host, port=self.port,
+            http=self.protocol or protocol_with(self.limits, self.max_body, self.held), loop="none",
             lifespan="off", access_log=False, log_level="warning", timeout_graceful_shutdown=None,
         )
 
@@ -93,6 +99,7 @@ class UvicornListener:
             raise OSError(exc.errno, f"could not listen on {self.host}:{self.port} for {self.what}: "
                                      f"{exc.strerror}") from None
         self._server = _Server(config)
+        self._connections = self._server.server_state.connections
         config.load()
         self._server.lifespan = config.lifespan_class(config)
         try:
@@ -137,6 +144,25 @@ class UvicornListener:
             for connection in list(server.server_state.connections):
                 if connection.transport is not None:
                     connection.transport.abort()
+
+    def transfers(self) -> int:
+        """Connections reading a request body or writing an answer (http_limits' transferring())."""
+        count = 0
+        for connection in self._connections:
+            transferring = getattr(connection, "transferring", None)  # a WebSocket has none
+            if transferring is not None and transferring():
+                count += 1
+        return count
+
+    async def close(self) -> None:
+        """Cut every connection still open (the exit timeout is spent) and end the shutdown task."""
+        for connection in list(self._connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+        closing, self._closing = self._closing, None
+        if closing is not None and not closing.done():
+            closing.cancel()
+            await asyncio.gather(closing, return_exceptions=True)
 
 
 JSON_HEADERS = [(b"content-type", b"application/json")]

@@ -17,7 +17,7 @@ import msgspec
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.transports.restrictions import Restrictions
 from kernel.core.server import Server
-from kernel.transports.http.app import HttpApp
+from kernel.transports.http.app import DEFAULT_MAX_JSON_OUTPUT_SIZE, HttpApp
 from kernel.transports.http.transport import HttpTransport
 
 IHCL = b"inference-header-content-length"
@@ -29,9 +29,11 @@ class CloudHttpTransport(HttpTransport):
     fast_path = False  # every request goes to the cloud app, KServe's infer route included
 
     def __init__(self, server: Server, address: str, port: int, max_input_size: int,
-                 restricted: Optional[Restrictions] = None):
+                 restricted: Optional[Restrictions] = None,
+                 max_json_output_size: int = DEFAULT_MAX_JSON_OUTPUT_SIZE):
         # --http-restricted-api applies behind the cloud fronts too, as in tritonserver.
-        super().__init__(server, address, port, max_input_size, "uvicorn", restricted=restricted)
+        super().__init__(server, address, port, max_input_size, "uvicorn", restricted=restricted,
+                         max_json_output_size=max_json_output_size)
         self.http_app: HttpApp = self.app
         self.app = self.make_app(server, self.http_app)
 

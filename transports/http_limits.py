@@ -15,6 +15,19 @@ forever (slowloris). Every listener built on kernel.transports.asgi.UvicornListe
   the app sees as the client going away.
 - body chunks: a chunked body may arrive in at most `max_body_chunks` non-empty chunks
   (65536, as tritonserver); past that 400 with tritonserver's words, and close.
+- body size: a Content-Length over the listener's `max_body` (--http-max-input-size) is refused
+  when the headers arrive, with the words of an oversized body (too_large_message, which the
+  app's own check while reading a body uses too); the connection then reads and drops what the
+  client still sends for a moment (a lingering close) so that a client that sends its whole
+  body before it reads still gets the 400.
+- answers not yet read: a connection whose answer did not go at once (bytes left in its write
+  buffer) is watched by the server's account of held answers (kernel.core.holding,
+  --max-held-output-bytes, --client-stall-timeout-secs); the account cuts it (aborts the
+  connection, which drops the answer's buffers) when it stalls or the total is over the bound.
+
+And two courtesies of HTTP/1.1 that uvicorn's protocol lacks: garbage pipelined behind a valid
+request is answered with its 400 only after that request's answer, and a client that shuts down
+its sending side after its request (a half-close) still gets its answers.
 
 Idle keep-alive connections are closed by uvicorn's own keep-alive timeout.
 """
@@ -22,11 +35,14 @@ Idle keep-alive connections are closed by uvicorn's own keep-alive timeout.
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from kernel.core.holding import HeldBytes
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,12 @@ class Http1Limits:
             raise ValueError("HTTP header and body timeouts must be positive")
 
 
+def too_large_message(size: int, limit: int) -> str:
+    """The words for a request body over --http-max-input-size (declared, or read so far)."""
+    return (f"request body of {size} or more bytes exceeds the maximum allowed input size of {limit} bytes. "
+            "Use --http-max-input-size to increase the limit.")
+
+
 CHUNKS_MESSAGE = ("Chunked request body exceeds maximum of %d non-empty chunks. "
                   "Send fewer or larger HTTP chunks.")
 
@@ -55,6 +77,14 @@ def _refusal(status: bytes, message: bytes) -> bytes:
 
 
 _HEADERS, _BODY, _DONE = 0, 1, 2  # where the current request is (DONE: read whole, or none begun)
+# How long a connection refused for its declared body size goes on reading (and dropping) what the
+# client still sends, so that the client reads the refusal rather than a reset.
+LINGER_S = 2.0
+# When a half-closed connection's TCP state is looked at: soon after the probe (a reset comes back
+# within a round trip), then now and then while its answer is due.
+PEER_CHECK_S = (0.05, 0.5, 1.0)
+_TCP_INFO = getattr(socket, "TCP_INFO", None)  # Linux
+_TCP_CLOSE = 7  # tcpi_state of a socket whose peer reset it
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -66,6 +96,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """
 
     limits: Http1Limits = Http1Limits()
+    # Set by protocol_with for the listeners that take request bodies (None: no check / no account).
+    max_body: Optional[int] = None
+    held: Optional[HeldBytes] = None
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -76,6 +109,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._timer: Optional[asyncio.TimerHandle] = None
         self._chunked = False  # the request being read has Transfer-Encoding: chunked
         self._body_pieces = 0  # non-empty body pieces of that request so far (one or more per chunk)
+        # A refusal (garbage's 400, a body too large) due once the answers to the requests before it are out.
+        self._deferred: Optional[Callable[[], None]] = None
+        self._half_closed = False  # the client sent EOF after whole requests: answer them, then close
+        self._peer_check: Optional[asyncio.TimerHandle] = None  # is a half-closed client still there?
 
     # ---- connection -----------------------------------------------------------
 
@@ -86,7 +123,53 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._disarm()
+        if self._peer_check is not None:
+            self._peer_check.cancel()
+            self._peer_check = None
+        if self.held is not None:
+            self.held.unwatch(self)
         super().connection_lost(exc)
+
+    def eof_received(self) -> Optional[bool]:
+        """The client shut down its sending side. Requests it sent whole are still answered (True
+        keeps the transport open for writing); with none due, or one cut short, close as before.
+
+        A FIN is also what a client that went away sends: _probe_peer tells the two apart, so
+        that a request whose client is gone is still cancelled."""
+        cycle = self.cycle
+        if (self._phase == _DONE and cycle is not None and not cycle.response_complete) or \
+                (self._half_closed and self.pipeline):
+            if not self._half_closed:
+                self._half_closed = True
+                self._probe_peer(cycle)
+            return True
+        return None
+
+    def _probe_peer(self, cycle) -> None:
+        """Send an interim 100 Continue (HTTP/1.1 clients must accept 1xx answers before the final
+        one): a client that closed its socket answers it with a reset, which the socket's TCP state
+        shows (CLOSE rather than CLOSE_WAIT); _check_peer then drops the connection, which cancels
+        its request as any disconnect does. Only for half-closed connections, on Linux."""
+        version = getattr(cycle, "http_version", None) or cycle.scope.get("http_version")
+        if version == "1.0" or cycle.response_started or _TCP_INFO is None:
+            return
+        self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._peer_check = self.loop.call_later(PEER_CHECK_S[0], self._check_peer, 1)
+
+    def _check_peer(self, attempt: int) -> None:
+        self._peer_check = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        try:
+            state = transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 8)[0]
+        except (OSError, AttributeError):
+            return
+        if state == _TCP_CLOSE:
+            transport.abort()
+            return
+        self._peer_check = self.loop.call_later(PEER_CHECK_S[min(attempt, len(PEER_CHECK_S) - 1)],
+                                                self._check_peer, attempt + 1)
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
@@ -127,6 +210,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         for name, value in self.headers:  # names are lower case already (uvicorn's on_header)
             if name == b"transfer-encoding" and b"chunked" in value.lower():
                 chunked = True
+            elif name == b"content-length" and self.max_body is not None and len(value) < 20 and value.isdigit() \
+                    and int(value) > self.max_body:
+                size = int(value)
+                self._disarm()
+                self._phase = _DONE  # no header or body timer for this connection any more
+                self.parser = _Closed()
+                self._when_due(lambda: self._refuse_body(size))
+                raise httptools.HttpParserError("declared body too large")
         self._chunked = chunked
         # The reads so far bound the headers' size: count them exactly only when those could exceed the limit.
         if self._header_bytes > self.limits.max_header_bytes:
@@ -208,8 +299,71 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        if self.transport is not None and not self.transport.is_closing():  # not after a 431 or 408 of ours
-            super().send_400_response(msg)
+        if self.transport is None or self.transport.is_closing() or type(self.parser) is _Closed:
+            return  # not after a refusal of ours (431, 408, a body too large)
+        self.parser = _Closed()
+        self._when_due(lambda: HttpToolsProtocol.send_400_response(self, msg))
+
+    def _when_due(self, refuse: Callable[[], None]) -> None:
+        """Refuse now, or once the requests before this one are answered (their answers go first)."""
+        cycle = self.cycle
+        if self.pipeline or (cycle is not None and not cycle.response_complete):
+            self._deferred = refuse
+            self.flow.pause_reading()
+        else:
+            refuse()
+
+    def on_response_complete(self) -> None:
+        held = self.held
+        if held is not None and self.transport.get_write_buffer_size():
+            held.watch(self)  # the answer did not go at once: count it until it does
+        super().on_response_complete()
+        if self._deferred is None and not self._half_closed:
+            return
+        cycle = self.cycle
+        if self.pipeline or (cycle is not None and not cycle.response_complete) or self.transport.is_closing():
+            return  # a request pipelined behind this one is due first
+        if self._deferred is not None:
+            refuse, self._deferred = self._deferred, None
+            refuse()
+        else:
+            self.transport.close()
+
+    # ---- answers the client does not read (kernel.core.holding's Holder) ------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.held is not None:
+            self.held.watch(self)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        held = self.held
+        if held is not None:
+            # The client reads: count it again from what is left (under the transport's low-water
+            # mark), so the total does not wait for the next sweep; a rest it then stalls on is
+            # still cut.
+            held.unwatch(self)
+            held.watch(self)
+
+    def held_bytes(self) -> int:
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
+
+    def cut(self, reason: str) -> None:
+        """Drop the client: abort() discards the write buffer and with it the answer's buffers."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    def transferring(self) -> bool:
+        """A body is being read, or an answer is still being written (the drain at shutdown waits)."""
+        transport = self.transport
+        if transport is None:
+            return False
+        if transport.get_write_buffer_size():
+            return True
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete and not transport.is_closing()
 
     def _refuse(self, status: bytes, message: bytes) -> None:
         self._disarm()
@@ -217,6 +371,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.write(_refusal(status, message))
             self.transport.close()
         self.parser = _Closed()
+
+    def _refuse_body(self, size: int) -> None:
+        """400 for a declared body over max_body, before any of it is read; then a lingering close:
+        the client's FIN is awaited (eof_received closes) and what it still sends is dropped, for
+        at most LINGER_S."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(_refusal(b"400 Bad Request", too_large_message(size, self.max_body).encode()))
+        if self.flow is not None:
+            self.flow.resume_reading()
+        try:
+            transport.write_eof()
+        except (NotImplementedError, OSError, RuntimeError):
+            transport.close()
+            return
+        self.loop.call_later(LINGER_S, transport.close)
 
 
 class _Closed:
@@ -229,6 +400,8 @@ class _Closed:
         return False
 
 
-def protocol_with(limits: Http1Limits) -> type:
-    """A LimitedHttpToolsProtocol class for `limits` (uvicorn takes a class, and builds one per connection)."""
-    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,), {"limits": limits})
+def protocol_with(limits: Http1Limits, max_body: Optional[int] = None, held: Optional[HeldBytes] = None) -> type:
+    """A LimitedHttpToolsProtocol class for `limits` (uvicorn takes a class, and builds one per connection);
+    max_body: refuse a larger declared Content-Length at the headers; held: the account of held answers."""
+    return type("LimitedHttpToolsProtocol", (LimitedHttpToolsProtocol,),
+                {"limits": limits, "max_body": max_body, "held": held})

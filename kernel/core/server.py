@@ -85,6 +85,10 @@ class Server:
         self.transports: list[Transport] = []
         self.live = False
         self.stopping = False
+        # Requests are taken until the drain at shutdown is over, as tritonserver takes them while it
+        # exits: the transports stop new connections and streams themselves, so what still arrives is
+        # a request that was already on its way (an upload in progress, a BLS call of a draining model).
+        self.accepting = True
         self._loaded = False
         # Ready only once every transport listens: a client that saw /v2/health/ready on HTTP
         # must find the gRPC port open too.
@@ -159,7 +163,7 @@ class Server:
         Raises KernelError when the request is refused up front (unknown model,
         bad inputs, shutting down).
         """
-        if self.stopping:
+        if not self.accepting:
             raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; new requests are not accepted")
         model = self.registry.get(request.model_name, request.model_version)
         try:
@@ -304,6 +308,7 @@ class Server:
         # an answer being written): both finish within the exit timeout.
         while (self.in_flight() or self.transfers()) and loop.time() < deadline:
             await asyncio.sleep(0.02)
+        self.accepting = False
         remaining = self.in_flight()
         log.info("Timeout %d: Found %d in-flight requests", int(max(0, deadline - loop.time())), remaining)
         models = self.registry.all_models()

@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="HTTP APIs (comma-separated) that answer only with header <key>: <value> (repeatable)")
     a("--http-max-input-size", type=parse_int64, default=64 * 1024 * 1024,
       help="Kernel only: the largest accepted HTTP request body in bytes")
+    a("--http-max-json-output-size", type=parse_int64, default=64 * 1024 * 1024,
+      help="Kernel only: the most bytes an HTTP answer's JSON may take; larger outputs must be asked for "
+           "as binary data (400 past it)")
     a("--http-server", type=choice("--http-server", ("uvicorn", "hypercorn")), default="uvicorn",
       metavar="{uvicorn,hypercorn}", help="Kernel only: the HTTP server library")
     a("--http-max-header-size", type=parse_int, default=64 * 1024,
@@ -463,7 +466,7 @@ def build_server(args) -> "Server":
 
         server.transports.append(
             HttpTransport(server, args.http_address, args.http_port, args.http_max_input_size, args.http_server,
-                          restricted=http_restricted or None)
+                          restricted=http_restricted or None, max_json_output_size=args.http_max_json_output_size)
         )
         if args.http_header_forward_pattern:
             try:
@@ -491,14 +494,15 @@ def build_server(args) -> "Server":
 
         server.transports.append(
             SageMakerTransport(server, "0.0.0.0", args.sagemaker_port, args.http_max_input_size,
-                               restricted=http_restricted or None)
+                               restricted=http_restricted or None, max_json_output_size=args.http_max_json_output_size)
         )
     if args.allow_vertex_ai:
         from kernel.transports.vertex import VertexAiTransport
 
         server.transports.append(
             VertexAiTransport(server, "0.0.0.0", args.vertex_ai_port, args.http_max_input_size,
-                              args.vertex_ai_default_model, restricted=http_restricted or None)
+                              args.vertex_ai_default_model, restricted=http_restricted or None,
+                              max_json_output_size=args.http_max_json_output_size)
         )
     openai = openai_api.openai_transport(server, args, http_restricted or None)
     if openai is not None:

@@ -17,7 +17,7 @@ from kernel.transports.restrictions import Category, Restrictions, http_message
 from kernel.core.server import Server
 from kernel.transports.asgi import lifespan, send_error, send_json, send_response, send_status, status_for
 from kernel.transports.http.body import check_size, read_body
-from kernel.transports.http import codec, generate, shared_memory
+from kernel.transports.http import codec, generate, large_json, shared_memory
 from kernel.transports.http import log_trace as settings
 from kernel.transports.http import repository_api as repository
 from kernel.transports.http.disconnect import DisconnectWatch
@@ -32,11 +32,18 @@ _WATCH_AFTER_S = 0.02
 _EMPTY_OK = {"type": "http.response.body", "body": b""}
 
 
+# --http-max-json-output-size: as much JSON text as the largest JSON body a client may send.
+DEFAULT_MAX_JSON_OUTPUT_SIZE = 64 * 1024 * 1024
+
+
 class HttpApp:
     def __init__(self, server: Server, max_input_size: int = 64 * 1024 * 1024,
-                 restricted: Optional[Restrictions] = None):
+                 restricted: Optional[Restrictions] = None,
+                 max_json_output_size: int = DEFAULT_MAX_JSON_OUTPUT_SIZE):
         self.server = server
         self.max_input_size = max_input_size
+        # The most bytes an answer's JSON may take (--http-max-json-output-size, codec.json_too_large).
+        self.max_json_output_size = max_json_output_size
         # --http-restricted-api; None (not an empty set) when nothing is restricted: one check per request.
         self.restricted = restricted or None
         self.tracer = server.tracer
@@ -175,10 +182,16 @@ class HttpApp:
             return  # client went away
         if trace is not None:
             trace.stamp("HTTP_RECV_END")
+        held = self.server.held_output
+        if held.over_limit:  # answers wait for slow readers past --max-held-output-bytes: hold no more
+            raise KernelError(ErrorCode.UNAVAILABLE, held.refusal())
         if encoding and encoding != "identity":
             body = self._decompress(body, encoding)
+        decoded = None
+        if len(body) > large_json.INLINE_REQUEST_BYTES and large_json.too_large_for_loop(body, header_length):
+            decoded = await large_json.run(large_json.decode_request, body, header_length)
         request, binary_default, binary_choice = self.infer_request(name, version, body, header_length,
-                                                                    scope["headers"])
+                                                                    scope["headers"], decoded)
         request.trace = trace
         future = collect_single_response(request)
         self.server.submit(request)
@@ -196,7 +209,12 @@ class HttpApp:
         if response.error is not None:
             await send_error(send, status_for(response.error), response.error.message)
             return
-        body_out, json_length = codec.encode_infer_response(response, binary_default, binary_choice)
+        limit = self.max_json_output_size
+        try:
+            body_out, json_length = codec.encode_infer_response(response, binary_default, binary_choice, limit)
+        except codec.LargeJson:  # encoded in pieces beside the loop (large_json)
+            body_out, json_length = await large_json.run(large_json.encode_answer, response, binary_default,
+                                                         binary_choice, limit)
         if json_length is None:
             await send_response(send, 200, _JSON, body_out)
             return
@@ -206,9 +224,10 @@ class HttpApp:
         await send({"type": "http.response.start", "status": 200, "headers": binary_headers(json_length, len(body))})
         await send({"type": "http.response.body", "body": body})
 
-    def infer_request(self, name: str, version: str, body, header_length: Optional[int], headers):
+    def infer_request(self, name: str, version: str, body, header_length: Optional[int], headers, decoded=None):
         """(request, binary outputs by default, per-output choice) for an infer body; both the ASGI
-        route and the fast path (transports/http/fast.py) build requests here, so they agree."""
+        route and the fast path (transports/http/fast.py) build requests here, so they agree.
+        decoded: the body's JSON decoded beside the loop already (large_json.decode_request)."""
         model = self.server.registry.get(name, version)
         if model.decoupled:  # tritonserver: 501, before the body is parsed
             raise KernelError(ErrorCode.UNSUPPORTED,
@@ -217,7 +236,7 @@ class HttpApp:
             request, binary_default, binary_choice = codec.raw_infer_request(body, model, name, version), False, {}
         else:
             request, binary_default, binary_choice = codec.parse_infer_request(
-                body, header_length, name, version, self.server.shared_memory
+                body, header_length, name, version, self.server.shared_memory, decoded
             )
         if self.header_forward is not None:
             self.header_forward.apply(request, headers)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from kernel.core.errors import ErrorCode, KernelError
+from kernel.transports.http_limits import too_large_message
 
 
 async def read_body(receive, limit: int) -> Optional[bytes]:
@@ -33,8 +34,4 @@ async def read_body(receive, limit: int) -> Optional[bytes]:
 
 def check_size(size: int, limit: int) -> None:
     if size > limit:
-        raise KernelError(
-            ErrorCode.INVALID_ARG,
-            f"request body of {size} or more bytes exceeds the maximum allowed input size of "
-            f"{limit} bytes. Use --http-max-input-size to increase the limit.",
-        )
+        raise KernelError(ErrorCode.INVALID_ARG, too_large_message(size, limit))

@@ -48,9 +48,10 @@ def _bad(message: str) -> KernelError:
     return KernelError(ErrorCode.INVALID_ARG, message)
 
 
-def _decode_header(header) -> RequestJSON:
+def decode_header(header, decoder: msgspec.json.Decoder = _request_decoder):
+    """The request's JSON header (a RequestJSON, or what `decoder` makes), refused with tritonserver's words."""
     try:
-        return _request_decoder.decode(header)
+        return decoder.decode(header)
     except msgspec.ValidationError as exc:
         raise _bad(f"Unable to parse inference request: {exc}") from None
     except msgspec.DecodeError as exc:
@@ -69,7 +70,7 @@ def _decode_header(header) -> RequestJSON:
 # What each datatype's JSON `data` may hold, and Triton's message when it holds something else.
 # A bool is not a number here and a float is not an integer: Triton refuses both rather than coerce.
 _NUMBER, _INTEGER, _BOOLEAN = frozenset((int, float)), frozenset((int,)), frozenset((bool,))
-_JSON_KINDS = {
+JSON_KINDS = {
     "BOOL": (_BOOLEAN, "Unable to parse 'data': attempt to access JSON non-boolean as boolean"),
     **{t: (_NUMBER, "Unable to parse 'data': attempt to access JSON non-number as double")
        for t in ("FP16", "FP32", "FP64")},
@@ -78,10 +79,11 @@ _JSON_KINDS = {
     **{t: (_INTEGER, "Unable to parse 'data': attempt to access JSON non-unsigned-integer as unsigned-integer")
        for t in ("UINT8", "UINT16", "UINT32", "UINT64")},
 }
-_UNSIGNED = frozenset(("UINT8", "UINT16", "UINT32", "UINT64"))
+UNSIGNED = frozenset(("UINT8", "UINT16", "UINT32", "UINT64"))
 
 
-def _json_tensor(inp: InputJSON) -> InferTensor:
+def json_tensor(inp: InputJSON) -> InferTensor:
+    """An input given as JSON `data`, checked as tritonserver checks it."""
     datatype = inp.datatype
     if datatype not in datatypes.DATATYPES:
         raise _bad(f"invalid datatype for input {inp.name}")  # tritonserver's words
@@ -103,22 +105,30 @@ def _json_tensor(inp: InputJSON) -> InferTensor:
                 arr[i] = item.encode("utf-8")
             else:
                 raise _bad(f"expected string data for BYTES input '{inp.name}', got {type(item).__name__}")
-        return _shaped(inp, arr)
+        return shaped(inp, arr)
     if datatype == "BF16":
         raise _bad(f"BF16 input '{inp.name}' must be sent as binary data")
     if len(flat) != count:
-        raise _bad(f"unexpected number of elements {len(flat)} for inference input '{inp.name}', expecting {count}")
-    allowed, message = _JSON_KINDS[datatype]
-    if not allowed.issuperset(map(type, flat)) or (datatype in _UNSIGNED and flat and min(flat) < 0):
+        raise count_error(inp, len(flat), count)
+    allowed, message = JSON_KINDS[datatype]
+    if not allowed.issuperset(map(type, flat)) or (datatype in UNSIGNED and flat and min(flat) < 0):
         raise _bad(message)
     try:
         arr = np.array(flat, dtype=datatypes.datatype_to_numpy(datatype))
     except (ValueError, TypeError, OverflowError) as exc:
-        raise _bad(f"unable to parse 'data' of input '{inp.name}' as {datatype}: {exc}") from None
-    return _shaped(inp, arr)
+        raise conversion_error(inp, exc) from None
+    return shaped(inp, arr)
 
 
-def _shaped(inp: InputJSON, flat: np.ndarray) -> InferTensor:
+def count_error(inp, got: int, count: int) -> KernelError:
+    return _bad(f"unexpected number of elements {got} for inference input '{inp.name}', expecting {count}")
+
+
+def conversion_error(inp, exc: Exception) -> KernelError:
+    return _bad(f"unable to parse 'data' of input '{inp.name}' as {inp.datatype}: {exc}")
+
+
+def shaped(inp: InputJSON, flat: np.ndarray) -> InferTensor:
     """The tensor in its shape; a shape numpy cannot hold (over 64 dimensions) stays in wire form
     so that the model's own shape check refuses it with Triton's message."""
     try:
@@ -159,28 +169,46 @@ def header_length(value: bytes) -> int:
     return int(value)
 
 
+def split_body(body, header_length: Optional[int]):
+    """(JSON header, binary data) of an infer request body."""
+    if header_length is None:
+        return body, b""
+    if header_length < 0 or header_length > len(body):
+        raise _bad(f"inference header size should be in range (0, {len(body)}), got: {header_length}")
+    mv = memoryview(body)
+    return mv[:header_length], mv[header_length:]
+
+
+def has_json_data(inp) -> bool:
+    """Whether an input's data is its JSON `data` (not binary data, not a shared-memory region)."""
+    params = inp.parameters
+    return not params or ("shared_memory_region" not in params and params.get("binary_data_size") is None)
+
+
 def parse_infer_request(
     body: bytes, header_length: Optional[int], model_name: str, model_version: str,
-    shm: Optional[SharedMemoryManager] = None,
+    shm: Optional[SharedMemoryManager] = None, decoded=None,
 ) -> tuple[InferRequest, bool, dict[str, object]]:
     """Returns (request, binary outputs by default, per-output choice).
 
     The per-output choice is True/False for binary or JSON data, or
     IN_SHARED_MEMORY for an output written into a client region (`shm` holds
     the registered regions; without it shared-memory parameters are refused).
+    decoded: the body decoded beside the event loop already (large_json.decode_request): its
+    header, and the tensors (or the refusals) of its JSON-data inputs.
     """
-    if header_length is None:
-        header, binary = body, b""
+    ready = None
+    if decoded is None:
+        header, binary = split_body(body, header_length)
+        req = decode_header(header)
     else:
-        if header_length < 0 or header_length > len(body):
-            raise _bad(f"inference header size should be in range (0, {len(body)}), got: {header_length}")
-        mv = memoryview(body)
-        header, binary = mv[:header_length], mv[header_length:]
-    req = _decode_header(header)
+        if decoded.error is not None:
+            raise decoded.error
+        req, binary, ready = decoded.request, decoded.binary, decoded.tensors
     tensors = []
     offset = 0
     windows: Optional[RequestWindows] = None  # client shared-memory windows, if any tensor uses one
-    for inp in req.inputs:
+    for index, inp in enumerate(req.inputs):
         size = None
         if inp.parameters:
             size = inp.parameters.get("binary_data_size")
@@ -189,7 +217,13 @@ def parse_infer_request(
                 tensors.append(_shm_input(inp, size, shm, windows))
                 continue
         if size is None:
-            tensors.append(_json_tensor(inp))
+            if ready is None:
+                tensors.append(json_tensor(inp))
+                continue
+            tensor = ready[index]
+            if isinstance(tensor, KernelError):
+                raise tensor
+            tensors.append(tensor)
             continue
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise _bad(f"invalid binary_data_size for input '{inp.name}'")
@@ -331,23 +365,48 @@ def json_data(tensor: InferTensor) -> list:
     """A tensor as the flat JSON list KServe v2 uses (BYTES as UTF-8 text)."""
     arr = tensor.as_numpy()
     if tensor.datatype == "BYTES":
-        out = []
-        for item in arr.reshape(-1):
-            if isinstance(item, (bytes, bytearray)):
-                try:
-                    out.append(item.decode("utf-8"))
-                except UnicodeDecodeError:
-                    out.append(item.decode("latin-1"))
-            else:
-                out.append(str(item))
-        return out
+        return json_strings(arr.reshape(-1))
     return arr.reshape(-1).tolist()
 
 
+def json_strings(items) -> list:
+    """BYTES elements as JSON text: UTF-8 where they are, else Latin-1."""
+    out = []
+    for item in items:
+        if isinstance(item, (bytes, bytearray)):
+            try:
+                out.append(item.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(item.decode("latin-1"))
+        else:
+            out.append(str(item))
+    return out
+
+
+class LargeJson(Exception):
+    """An output too large to write as JSON in one go on the event loop (see large_json)."""
+
+
+# Outputs of more bytes than this that go out as JSON are encoded beside the loop (large_json).
+INLINE_JSON_BYTES = 64 * 1024
+
+
+def json_too_large(model: str, limit: int) -> KernelError:
+    return _bad(f"the answer of model '{model}' would take more than {limit} bytes as JSON "
+                "(--http-max-json-output-size); request its large outputs as binary data (the 'binary_data' "
+                "output parameter, or the 'binary_data_output' request parameter)")
+
+
 def encode_infer_response(
-    response: InferResponse, binary_default: bool, binary_choice: dict[str, object]
+    response: InferResponse, binary_default: bool, binary_choice: dict[str, object],
+    json_limit: Optional[int] = None,
 ) -> tuple[bytes | list, Optional[int]]:
-    """Returns (body or body parts, JSON header length when binary data follows)."""
+    """Returns (body or body parts, JSON header length when binary data follows).
+
+    json_limit: the most bytes the JSON may take (--http-max-json-output-size); with it, an
+    output over INLINE_JSON_BYTES that goes out as JSON raises LargeJson (the caller has
+    large_json encode the answer beside the loop), and a JSON header over the limit is refused.
+    """
     outputs = []
     blobs = []
     for t in response.outputs:
@@ -360,6 +419,8 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
+            if json_limit is not None and t.nbytes > INLINE_JSON_BYTES:
+                raise LargeJson(t.name)
             entry["data"] = json_data(t)
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
@@ -369,6 +430,8 @@ def encode_infer_response(
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
     header = _encoder.encode(doc)
+    if json_limit is not None and len(header) > json_limit:
+        raise json_too_large(response.model_name, json_limit)
     if not blobs:
         return header, None
     return [header, *blobs], len(header)

@@ -20,6 +20,13 @@ The limits of kernel.transports.http_limits hold here as well: this class is a
 LimitedHttpToolsProtocol and takes requests only after its header checks, and its body
 timer sees the fast request as an unanswered cycle.
 
+Two things leave the callbacks, both only when they are large: a JSON body over
+large_json.INLINE_REQUEST_BYTES is decoded, and an answer with a JSON output over
+codec.INLINE_JSON_BYTES encoded, on large_json's thread (in pieces, so the loop keeps going);
+the connection goes on from the future's callback. While the server holds more answers for
+slow readers than --max-held-output-bytes allows (kernel.core.holding), infer requests are
+refused with 503 (one comparison per request).
+
 KERNEL_HTTP_FAST_PATH=0 in the environment turns the fast path off (every request through
 ASGI): for comparing the two.
 
@@ -44,10 +51,10 @@ import numpy as np
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from kernel.core.errors import KernelError
+from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import collect_single_response
 from kernel.transports.asgi import status_for
-from kernel.transports.http import codec
+from kernel.transports.http import codec, large_json
 from kernel.transports.http.app import HttpApp, binary_headers, error_for
 from kernel.transports.http_limits import Http1Limits, LimitedHttpToolsProtocol
 
@@ -235,19 +242,41 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
             return
         cycle.reading = False
         self.direct = None
-        app = self.app_fast
         body = cycle.body
         if body is None:
             body = b""
+        cycle.body = None
+        held = self.held
+        if held is not None and held.over_limit:
+            self._error(cycle, KernelError(ErrorCode.UNAVAILABLE, held.refusal()))
+            return
+        headers = self.headers  # the next pipelined request's headers replace them
+        if len(body) > large_json.INLINE_REQUEST_BYTES and large_json.too_large_for_loop(body, cycle.header_length):
+            future = large_json.run(large_json.decode_request, body, cycle.header_length)
+            future.add_done_callback(lambda f: self._decoded(cycle, body, headers, f))
+            return
+        self._submit(cycle, body, headers, None)
+
+    def _decoded(self, cycle: FastCycle, body, headers, future) -> None:
+        if cycle.disconnected:
+            return
+        try:
+            decoded = future.result()
+        except Exception as exc:  # noqa: BLE001 - answered as the ASGI route answers it
+            self._error(cycle, exc)
+            return
+        self._submit(cycle, body, headers, decoded)
+
+    def _submit(self, cycle: FastCycle, body, headers, decoded) -> None:
+        app = self.app_fast
         try:
             request, binary_default, binary_choice = app.infer_request(
-                cycle.name, cycle.version, body, cycle.header_length, self.headers)
+                cycle.name, cycle.version, body, cycle.header_length, headers, decoded)
             future = collect_single_response(request)
             app.server.submit(request)
         except Exception as exc:  # noqa: BLE001 - answered as the ASGI route answers it
             self._error(cycle, exc)
             return
-        cycle.body = None
         cycle.request = request
         future.add_done_callback(lambda f: self._answer(cycle, f, binary_default, binary_choice))
 
@@ -260,11 +289,29 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
         if response.error is not None:
             self._write(cycle, status_for(response.error), codec.error_body(response.error.message))
             return
+        limit = self.app_fast.max_json_output_size
         try:
-            body, json_length = codec.encode_infer_response(response, binary_default, binary_choice)
+            encoded = codec.encode_infer_response(response, binary_default, binary_choice, limit)
+        except codec.LargeJson:
+            later = large_json.run(large_json.encode_answer, response, binary_default, binary_choice, limit)
+            later.add_done_callback(lambda f: self._encoded(cycle, f))
+            return
         except Exception as exc:  # noqa: BLE001
             self._error(cycle, exc)
             return
+        self._send(cycle, *encoded)
+
+    def _encoded(self, cycle: FastCycle, future) -> None:
+        if cycle.disconnected:
+            return
+        try:
+            encoded = future.result()
+        except Exception as exc:  # noqa: BLE001
+            self._error(cycle, exc)
+            return
+        self._send(cycle, *encoded)
+
+    def _send(self, cycle: FastCycle, body, json_length) -> None:
         if json_length is None:
             self._write(cycle, 200, body)
             return
@@ -272,18 +319,21 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
         for part in body:
             size += len(part)
         head = self._head(cycle, 200, binary_headers(json_length, size))
-        body[0] = head + body[0]
+        if len(body[0]) < large_json.INLINE_REQUEST_BYTES:
+            body[0] = head + body[0]
+        else:
+            body.insert(0, head)
         self._finish(cycle, body)
 
     def _error(self, cycle: FastCycle, exc: Exception) -> None:
         status, message = error_for(exc, "POST", self._path(cycle))
         self._write(cycle, status, codec.error_body(message))
 
-    def _write(self, cycle: FastCycle, status: int, body: bytes) -> None:
-        """A JSON answer, as asgi.send_response writes it through uvicorn."""
+    def _write(self, cycle: FastCycle, status: int, body) -> None:
+        """A JSON answer, as asgi.send_response writes it through uvicorn (a large one not copied)."""
         head = STATUS_LINE[status] + _DEFAULTS.get(self.server_state.default_headers) + _JSON_TYPE
-        self._finish(cycle, [head + b"%d\r\n%s\r\n" % (len(body), b"" if cycle.keep_alive else _CLOSE) + body],
-                     status)
+        head += b"%d\r\n%s\r\n" % (len(body), b"" if cycle.keep_alive else _CLOSE)
+        self._finish(cycle, [head + body] if len(body) < large_json.INLINE_REQUEST_BYTES else [head, body], status)
 
     def _head(self, cycle: FastCycle, status: int, headers: list) -> bytes:
         parts = [STATUS_LINE[status], _DEFAULTS.get(self.server_state.default_headers)]
@@ -333,6 +383,8 @@ class FastInferProtocol(LimitedHttpToolsProtocol, asyncio.BufferedProtocol):
 
 
 def protocol_for(app: HttpApp, limits: Http1Limits) -> type:
-    """The connection class for the KServe HTTP front: the fast path on `app`, within `limits`."""
+    """The connection class for the KServe HTTP front: the fast path on `app`, within `limits`
+    (and --http-max-input-size for declared bodies, the server's account of held answers)."""
     return type("FastInferProtocol", (FastInferProtocol,),
-                {"limits": limits, "app_fast": app, "read_buffer": memoryview(bytearray(READ_BUFFER_BYTES))})
+                {"limits": limits, "app_fast": app, "read_buffer": memoryview(bytearray(READ_BUFFER_BYTES)),
+                 "max_body": app.max_input_size, "held": app.server.held_output})

@@ -15,7 +15,7 @@ from kernel.core.server import Server, StartupError
 from kernel.core.transport import Transport
 from kernel.transports.asgi import UvicornListener
 from kernel.transports.http_limits import Http1Limits
-from kernel.transports.http.app import HttpApp
+from kernel.transports.http.app import DEFAULT_MAX_JSON_OUTPUT_SIZE, HttpApp
 from kernel.transports.http import fast
 
 log = logging.getLogger("kernel.http")
@@ -31,11 +31,14 @@ class HttpTransport(Transport):
 
     def __init__(self, server: Server, address: str = "0.0.0.0", port: int = 8000,
                  max_input_size: int = 64 * 1024 * 1024, http_server: str = "uvicorn",
-                 restricted: Optional[Restrictions] = None):
-        """restricted: API groups that need a header (--http-restricted-api); None restricts nothing."""
+                 restricted: Optional[Restrictions] = None,
+                 max_json_output_size: int = DEFAULT_MAX_JSON_OUTPUT_SIZE):
+        """restricted: API groups that need a header (--http-restricted-api); None restricts nothing.
+        max_json_output_size: the most bytes an answer's JSON may take (--http-max-json-output-size)."""
         if http_server not in HTTP_SERVERS:
             raise ValueError(f"unknown HTTP server '{http_server}' (choose from {', '.join(HTTP_SERVERS)})")
-        self.app = HttpApp(server, max_input_size, restricted)
+        self.app = HttpApp(server, max_input_size, restricted, max_json_output_size)
+        self.http_app = self.app  # the KServe app (a cloud front serves another app around it: transports/cloud.py)
         self.server = server
         # Header size and header/body read timeouts per connection (--http-max-header-size,
         # --http-header-timeout-secs, --http-body-timeout-secs; kernel.transports.http_limits).
@@ -57,7 +60,8 @@ class HttpTransport(Transport):
     async def _start_uvicorn(self) -> None:
         # Plain infer requests take the fast path (transports/http/fast.py), the rest the ASGI app.
         protocol = fast.protocol_for(self.app, self.limits) if fast.ENABLED and self.fast_path else None
-        self._uvicorn = UvicornListener(self.app, self.address, self.port, "HTTP", self.limits, protocol)
+        self._uvicorn = UvicornListener(self.app, self.address, self.port, "HTTP", self.limits, protocol,
+                                        max_body=self.http_app.max_input_size, held=self.server.held_output)
         await self._uvicorn.start()
 
     async def _start_hypercorn(self) -> None:
@@ -88,3 +92,11 @@ class HttpTransport(Transport):
             self._hypercorn_stop.set()
             if self._task is not None:
                 await self._task
+
+    def transfers(self) -> int:
+        """Bodies being read and answers being written (uvicorn only: hypercorn drains on its own)."""
+        return self._uvicorn.transfers() if self._uvicorn is not None else 0
+
+    async def close(self) -> None:
+        if self._uvicorn is not None:
+            await self._uvicorn.close()
