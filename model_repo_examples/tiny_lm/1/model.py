@@ -104,8 +104,11 @@ class TritonPythonModel:
         sender.send(self._response(job, whole, produced, reason), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _next(self, previous, counts, job, rng):
-        logits = self.scores[previous] - job["presence_penalty"] * (counts > 0) - job["frequency_penalty"] * counts
+        logits = self.scores[previous]
+        if job["presence_penalty"] or job["frequency_penalty"]:
+            logits = logits - job["presence_penalty"] * (counts > 0) - job["frequency_penalty"] * counts
         if job["ignore_eos"]:
+            logits = logits.copy()
             logits[END] = -np.inf
         if job["temperature"] == 0:
             return int(np.argmax(logits))
@@ -119,7 +122,11 @@ class TritonPythonModel:
             mask[order[keep]] = 1.0
             probs = probs * mask
             probs /= probs.sum()
-        return int(rng.choice(len(VOCAB), p=probs))
+        # What rng.choice(len(VOCAB), p=probs) draws (the same one number from rng, the same word),
+        # without its checks of p: those cost ~50 us a word, more than the rest of a token together.
+        cdf = probs.cumsum()
+        cdf /= cdf[-1]
+        return int(cdf.searchsorted(rng.random(), side="right"))
 
     def _response(self, job, text, produced, reason):
         tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
