@@ -547,7 +547,10 @@ def main(argv=None) -> int:
     if a.ttft_passes and "triton" in servers and "kernel" in servers:
         meta["ttft_interleaved"] = interleaved_ttft(repo, logs, a.ttft_passes, a.ttft_seconds)
     if a.aiperf:
-        meta["aiperf"] = run_aiperf(repo, logs, a.aiperf_concurrency, a.aiperf_requests)
+        try:
+            meta["aiperf"] = run_aiperf(repo, logs, a.aiperf_concurrency, a.aiperf_requests)
+        except (OSError, subprocess.SubprocessError, harness.BenchError) as exc:  # the table is kept
+            meta["aiperf"] = {"command": "aiperf", "returncode": -1, "output": f"aiperf did not run: {exc}"}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "generative.json").write_text(json.dumps({"meta": meta, "summary": summary, "points": points}, indent=1))
     write_markdown(summary, meta, RESULTS / "generative.md")
