@@ -34,8 +34,10 @@ $(BENCH_STAMP): pyproject.toml $(RUNTIME_STAMP)
 	$(BUILD_ENV) $(PIP) install -e ".[bench]"
 	touch $@
 
+# The OpenAI-compatible API listens on 9000 (as Triton's OpenAI frontend) unless ARGS names --openai-port.
 serve: $(RUNTIME_STAMP)
-	$(VENV)/bin/kernel serve $(if $(filter --model-repository% --model-store%,$(ARGS)),,--model-repository model_repo_examples) $(ARGS)
+	$(VENV)/bin/kernel serve $(if $(filter --model-repository% --model-store%,$(ARGS)),,--model-repository model_repo_examples) \
+	  $(if $(filter --openai-port%,$(ARGS)),,--openai-port 9000) $(ARGS)
 
 test: $(TEST_STAMP) redis-server
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -30,6 +30,7 @@ from kernel.serve.flags import (
 from kernel import __version__
 from kernel.observe.log import LOG_FORMATS, LogSettings
 from kernel.serve.startup import expected_workers, run, stop_on_signals
+from kernel.serve import openai_api
 
 # The server itself (kernel.core.server, the config and loading code, numpy, protobuf) is imported
 # by the functions that use it, not here: `main` first starts the standby workers
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="Kernel only: seconds a client has to send a request's headers (408 past it)")
     a("--http-body-timeout-secs", type=parse_float, default=60.0,
       help="Kernel only: seconds a request body may pause before the connection is closed")
+    openai_api.add_flags(a)
 
     a = flag_adder(g["GRPC"])
     a("--allow-grpc", type=parse_bool, default=not vertex_prediction,
@@ -524,6 +526,9 @@ def build_server(args) -> "Server":
                               args.vertex_ai_default_model, restricted=http_restricted or None,
                               max_json_output_size=args.http_max_json_output_size)
         )
+    openai = openai_api.openai_transport(server, args, http_restricted or None)
+    if openai is not None:
+        server.transports.append(openai)
     try:
         http_limits = Http1Limits(args.http_max_header_size, args.http_header_timeout_secs, args.http_body_timeout_secs)
     except ValueError as exc:
