@@ -181,7 +181,7 @@ class _Returns:
 
     def __init__(self):
         self._tokens: list[int] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # leases give back from __del__, maybe inside this very section
         self._scheduled = False
 
     def add(self, token: int) -> None:

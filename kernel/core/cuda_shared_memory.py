@@ -26,12 +26,15 @@ memory that was closed under it.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Optional, Protocol
 
 from kernel.core.device_memory import DeviceBuffer, copy_device_to_device
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.gpu import visible_gpu_ids
+
+log = logging.getLogger("kernel.core.cuda_shared_memory")
 
 # sizeof(cudaIpcMemHandle_t): what a register request's raw_handle must decode to.
 IPC_HANDLE_SIZE = 64
@@ -202,12 +205,22 @@ class CupyIpcOpener:
     there is no GPU, or no CuPy, registering answers a clear 400 instead of failing deep inside.
     """
 
+    _said_hip = False
+
     @property
     def shares_handles(self) -> bool:
         """A worker can open the same handle (inputs reach it without a host copy): CuPy for CUDA,
         loaded (a region was registered). A ROCm/HIP build of CuPy goes through the host."""
         cupy = sys.modules.get("cupy")
-        return cupy is not None and not getattr(cupy.cuda.runtime, "is_hip", False)
+        if cupy is None:
+            return False
+        if getattr(cupy.cuda.runtime, "is_hip", False):
+            if not CupyIpcOpener._said_hip:
+                CupyIpcOpener._said_hip = True
+                log.warning("CUDA shared memory goes through host memory: CuPy is built for ROCm/HIP; GPU tensors "
+                            "cross processes as CUDA IPC handles only")
+            return False
+        return True
 
     def __init__(self, gpu_ids=visible_gpu_ids):
         self._gpu_ids = gpu_ids

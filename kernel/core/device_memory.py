@@ -112,7 +112,9 @@ class IpcMappings:
 
     def __init__(self, cupy=None):
         self._cupy = cupy
-        self._lock = threading.Lock()
+        # Reentrant: a lease collected by the garbage collector while this thread holds the lock
+        # releases its mapping from inside the locked section.
+        self._lock = threading.RLock()
         self._open: dict[tuple[bytes, int], list] = {}  # (handle, device) -> [base pointer, users]
 
     @property

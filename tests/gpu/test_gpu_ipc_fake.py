@@ -304,9 +304,11 @@ def test_cuda_shared_memory_with_cupy_for_another_vendor_goes_through_the_host(h
         got = np.empty_like(x)
         fake.runtime.memcpy(got.ctypes.data, d_out.ptr, x.nbytes, 2)
         np.testing.assert_array_equal(got, x + 1)
+        c.infer("probe", [t], outputs=[o])
     finally:
         c.unregister_cuda_shared_memory()
         c.close()
+    assert hip.log().count("CUDA shared memory goes through host memory: CuPy is built for ROCm/HIP") == 1
 
 
 @pytest.fixture(scope="module")
