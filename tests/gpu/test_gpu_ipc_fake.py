@@ -30,6 +30,7 @@ from conftest import KernelProcess, running
 from gpu_models import HOST_BLS, HOST_BLS_CONFIG, PROBE, gpu_repository, probe_config, write
 
 FAKE = Path(__file__).resolve().parent / "fake_cupy"
+NO_CUPY = Path(__file__).resolve().parent / "no_cupy"
 N = 1 << 16  # 256 KiB of FP32: above the inline limit, so nothing rides in the message itself
 
 
@@ -316,14 +317,14 @@ def no_cupy(tmp_path_factory):
     repo = tmp_path_factory.mktemp("no_cupy") / "models"
     write(repo, "probe", PROBE, probe_config("probe", "KIND_CPU", GPU_INPUTS_NO))
     write(repo, "host_bls", HOST_BLS, HOST_BLS_CONFIG)
-    # a GPU, as far as discovery goes, but no CuPy
-    yield from running(KernelProcess([repo], env={"KERNEL_GPU_IDS": "0"}))
+    # a GPU, as far as discovery goes, but no CuPy (hidden where it is installed)
+    hide = os.pathsep.join([str(NO_CUPY), os.environ.get("PYTHONPATH", "")])
+    yield from running(KernelProcess([repo], env={"KERNEL_GPU_IDS": "0", "PYTHONPATH": hide}))
 
 
 GPU_INPUTS_NO = 'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value { string_value: "no" } }'
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
 def test_without_cupy_preferred_gpu_stays_on_host_and_imports_nothing(no_cupy):
     for _ in range(2):
         result = infer(no_cupy, "host_bls", {"INPUT0": np.arange(4, dtype=np.float32)})
@@ -334,7 +335,6 @@ def test_without_cupy_preferred_gpu_stays_on_host_and_imports_nothing(no_cupy):
     assert no_cupy.log().count(line) == 1, no_cupy.log()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
 def test_cuda_shared_memory_without_cupy_is_refused(no_cupy):
     """GPU outputs asked for in device memory where the server cannot reach any: a clear 400."""
     from tritonclient.utils import InferenceServerException
