@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import importlib.util
-import os
 import shutil
 import textwrap
 import time
@@ -167,9 +166,12 @@ def gpu_server(tmp_path_factory):
                 { name: "ON_GPU", data_type: TYPE_BOOL, dims: [ 1 ] }]
         instance_group [{ kind: KIND_GPU, count: 1, gpus: [0] }]
     '''))
-    if os.environ.get(gpu.OVERRIDE_ENV) is not None:
-        pytest.skip(f"{gpu.OVERRIDE_ENV} is set: these tests need the real GPU discovery")
-    yield from running(KernelProcess([repo]))
+    # Real GPU discovery: a KERNEL_GPU_IDS in the caller's environment is not passed on (the
+    # server's environment is taken when it starts).
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv(gpu.OVERRIDE_ENV, raising=False)
+        server = KernelProcess([repo])
+    yield from running(server)
 
 
 def clients(server):
@@ -416,8 +418,14 @@ def test_release_rules_on_a_real_gpu(gpu_server):
 
 
 def test_tritonclient_cuda_shared_memory_utilities(gpu_server):
-    """The same through tritonclient.utils.cuda_shared_memory (needs cuda-python)."""
-    pytest.importorskip("cuda.bindings.runtime", reason="cuda-python is not installed")
+    """The same through tritonclient.utils.cuda_shared_memory. It needs cuda-python (`cuda.bindings`,
+    in tritonclient's `cuda` extra; the GPU image has it): missing, this fails rather than skips,
+    as only a missing GPU may skip a test."""
+    try:
+        import cuda.bindings.runtime  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(f"cuda-python is not installed ({exc}): pip install 'tritonclient[cuda]' "
+                    "(or carry cuda-python's wheels)")
     import tritonclient.http as httpclient
     import tritonclient.utils.cuda_shared_memory as cudashm
 
