@@ -12,8 +12,17 @@
 #   3. benchmarks/gpu_bench.py (GPU path vs host path, device copy ceilings).
 # Each step has a time limit; the whole run stays under 8 minutes.
 #
-# With the device tool of this workplace (from the repository root, after `bash scripts/gpu-wheels.sh`):
-#     run(command="bash scripts/gpu-check.sh", carry=[".whl"], timeout_s=540)
+# With the device tool of this workplace:
+#   1. In the checkout the device tool sends (the one the session was started in: a helper's own
+#      worktree is NOT what travels, so this script and the code under test must be in that
+#      checkout), fill .whl/ once (network here; git-ignored):  bash scripts/gpu-wheels.sh
+#      It prints its size: about 22 MiB, with the tracked tree (about 4 MiB) well under the tool's
+#      64 MiB. The .venv is not carried (over 64 MiB, and built for this machine's Python, not the
+#      GPU image's 3.12); the GPU image's own python3 has CuPy (CUDA 13), torch, NumPy, grpcio,
+#      protobuf, uvloop, pytest, nvidia-ml-py, prometheus-client, wrapt, cuda-python.
+#   2. run(command="bash scripts/gpu-check.sh", carry=[".whl"], timeout_s=540)
+#      Expect about 3-5 minutes; the step limits below add up to 7 minutes, so a rerun fits in one
+#      15-minute device window. give_back() afterwards unless rerunning at once.
 # The result file is $OUT/gpu-check.txt there (it comes back); elsewhere pass a path:
 #     bash scripts/gpu-check.sh [RESULT_FILE]        (default: ${TMPDIR:-/tmp}/kernel-gpu-check.txt)
 set -u
@@ -93,6 +102,11 @@ step() {  # step NAME LIMIT_SECONDS COMMAND...
 
 # ---- 2. the tests ------------------------------------------------------------------------------------
 step "pytest tests/gpu" 240 "$PY" -m pytest -v -s -rs -p no:cacheprovider tests/gpu
+# On a GPU machine none of the real-GPU tests may skip: one that did would hide a failure.
+if grep -qE "^tests/gpu/test_on_gpu.py::.* SKIPPED" "$RESULT"; then
+  say "gpu-check: tests/gpu/test_on_gpu.py skipped tests on a GPU machine (see the reasons above): FAILED"
+  status=1
+fi
 
 # ---- 3. perf_analyzer with CUDA shared memory -----------------------------------------------------------
 if [ -f .whl/perf/perf_analyzer.gz ]; then
