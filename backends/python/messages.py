@@ -45,6 +45,9 @@ class Request(msgspec.Struct, array_like=True, omit_defaults=True):
     flags: int = 0
     parameters: str = "{}"  # JSON object, as request.parameters() returns it
     arrival_ns: int = 0  # when the core accepted it (monotonic clock); 0: not counted in statistics
+    # OpenTelemetry tracing: front -> worker, the traced request's context (request.trace());
+    # worker -> front in a BlsRequest, the context the model passed as InferenceRequest(trace=...).
+    trace_context: str = ""
     # Outputs that may go back as GPU tensors (IPC handles): True for all, or their names. Any
     # other GPU output is copied to the host in the worker (kernel.core.device_memory).
     device_outputs: Union[bool, list[str]] = False
