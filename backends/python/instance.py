@@ -1,8 +1,7 @@
 """The front-process side of one model instance: a worker process and its channel.
 
-Requests are encoded straight onto the worker's socket (no queue in between,
-so an idle worker never waits on us); responses come back on the same socket
-and are handed to each request's `on_response` on the event loop.
+Requests are encoded straight onto the worker's socket (no queue in between, so an idle worker
+never waits on us); responses come back on it and go to each request's `on_response` on the loop.
 
 A request's large inputs are copied once into this side's arena; each region is freed when the
 worker gives it back (Release: the model's last array over it is gone) and no response view
@@ -54,8 +53,7 @@ class WorkerSettings(msgspec.Struct, frozen=True):
     shm_idle_release_seconds: float = DEFAULT_IDLE_SECONDS
 
 
-# How long a worker stuck in an execute() whose requests were all given up on may take to exit
-# when the server stops (see stop).
+# How long a worker stuck in an execute() for requests all given up on may take to exit (see stop).
 STUCK_EXIT_S = 1.0
 
 # How long a standby worker (imports done) may take to report in before the instance starts a fresh
@@ -352,7 +350,8 @@ class WorkerInstance(FrontCalls, BackendInstance):
                         request.correlation_id,
                         request.flags,
                         msgspec.json.encode(request.parameters).decode() if request.parameters else "{}",
-                        request.arrival_ns, wire_form(request.device_outputs) if request.device_outputs else False,
+                        request.arrival_ns,  # then by name: fields with defaults are added over time
+                        device_outputs=wire_form(request.device_outputs) if request.device_outputs else False,
                     )
                 )
                 if request.trace is not None:
