@@ -232,9 +232,10 @@ class PythonBasedBackend(PythonBackend):
 def force_cpu_only_input_tensors(config) -> bool:
     """The model's FORCE_CPU_ONLY_INPUT_TENSORS parameter: "yes" (the default) or "no", as Triton reads it.
 
-    Inputs reach a Kernel worker in host memory either way (a CUDA shared-memory input is copied to
-    the host), so "no" changes nothing yet; it is read so that a bad value fails the load in
-    tritonserver 2.51's words and "no" logs its line, as there.
+    With "no", GPU inputs (a CUDA shared-memory region, another model's GPU output) reach execute
+    on the GPU, as CUDA IPC handles the worker opens (gpu_worker.py, which reads the parameter from
+    the model config itself); with "yes" the worker copies them to the host. Checked here so that a
+    bad value fails the load in tritonserver 2.51's words and "no" logs its line, as there.
     """
     param = config.parameters.get("FORCE_CPU_ONLY_INPUT_TENSORS")
     if param is None or param.string_value == "yes":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernel.backends.python import messages, wire
+from kernel.backends.python import gpu_worker, messages, wire
 from kernel.backends.python.bls import BlsClient
 from kernel.backends.python.execution_record import Batch, batch_size, execution_record
 from kernel.backends.python.inline_channel import InlineChannel
@@ -166,6 +166,8 @@ class Worker(InlineWaits):
         elif kind is messages.Release:
             for seg, off in msg.regions:
                 self.arena.free(seg, off)
+        elif kind is messages.DeviceRelease:
+            gpu_worker.free(msg.tokens)
         elif kind is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, 1)
             self.peer.add(msg.segment, fds[0], msg.size)
@@ -196,6 +198,7 @@ class Worker(InlineWaits):
             self.model_version = int(args["model_version"])
             self.max_batch_size = int(config.get("max_batch_size", 0) or 0)
             self.output_names = [o["name"] for o in config.get("output", [])]
+            gpu_worker.bind(self, config)  # FORCE_CPU_ONLY_INPUT_TENSORS; CuPy only once a GPU tensor comes
             cls = load_model_class(self.model_file)
             self.model = cls()
             self.async_execute = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
@@ -265,6 +268,8 @@ class Worker(InlineWaits):
         dtype = wire.NUMERIC_DTYPES.get(t.datatype)
         if dtype is not None and t.data is not None:  # the common case, without the general path's calls
             return pb_utils.Tensor._wrap(t.name, np.frombuffer(bytearray(t.data), dtype).reshape(t.shape), t.datatype)
+        if t.ipc is not None:  # a GPU tensor (gpu_worker.py): on the GPU, or copied here for a CPU-input model
+            return pb_utils.Tensor._wrap(t.name, gpu_worker.open_input(t, gpu_worker.gpu_inputs()), t.datatype)
         if t.datatype == "BYTES":
             buffer = wire.view(t, self.peer)
             count = datatypes.element_count(t.shape)
@@ -295,14 +300,18 @@ class Worker(InlineWaits):
                     inputs.append(self._input_tensor(t))
             except ValueError as exc:
                 for t in r.inputs[len(inputs):]:  # never made into arrays: nothing else gives them back
-                    if t.data is None:
+                    if t.ipc is not None:
+                        gpu_worker.give_back(t.token)
+                    elif t.data is None:
                         self.release_peer_region(t.segment, t.offset)
                 inputs = None
-                self.send_error(sink, "INVALID_ARG", str(exc))
+                self.send_error(sink, getattr(exc, "code", "INVALID_ARG"), str(exc))
                 if r.arrival_ns:
                     keys.failed_early.append(r.arrival_ns)
                 continue
             sink.regions = wire.arena_inputs(r.inputs, self.peer, inputs)
+            if r.device_outputs:
+                sink.device = r.device_outputs
             sink.sender = pb_utils.InferenceResponseSender(sink, self.decoupled, requested)
             request = pb_utils.InferenceRequest._server_side(  # positional: keywords cost per request
                 inputs, r.request_id, r.correlation_id, r.flags, r.requested_outputs or self.output_names,
@@ -473,8 +482,8 @@ class Worker(InlineWaits):
         self._queue(message)
 
     def pack_tensor(self, tensor) -> messages.Tensor:
-        """A pb_utils.Tensor in message form (BLS inputs travel this way too)."""
-        return pack_tensor(tensor, self.arena)
+        """A pb_utils.Tensor in message form (BLS inputs travel this way too: a GPU one as an IPC handle)."""
+        return pack_tensor(tensor, self.arena, device=True)
 
     # ---- statistics and rescheduling (see kernel.core.stats, kernel.core.scheduling.sequence) ----
 

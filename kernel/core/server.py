@@ -25,7 +25,7 @@ from kernel.core.holding import HeldBytes
 from kernel.core.model import Model, ModelState, UnknownOutput
 from kernel.core.registry import ModelRegistry
 from kernel.core.request import InferRequest
-from kernel.core.shared_memory import SharedMemoryManager, route_through_windows
+from kernel.core.shared_memory import SharedMemoryManager, route_through_windows, take_device_inputs
 from kernel.core.transport import Transport, TransportStartError
 
 log = logging.getLogger("kernel.core.server")
@@ -167,6 +167,8 @@ class Server:
         if not self.accepting:
             raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; new requests are not accepted")
         model = self.registry.get(request.model_name, request.model_version)
+        if request.shm is not None:
+            take_device_inputs(request)  # CUDA shared-memory inputs stay on the GPU
         try:
             model.validate(request)
         except UnknownOutput:

@@ -49,6 +49,9 @@ ILLUSTRATIVE = {
         "needs a Kubernetes cluster (tests/deploy renders and validates the chart)",
     "aws sagemaker create-model --model-name kernel --execution-role-arn ROLE --primary-container "
     "Image=ECR_IMAGE,ModelDataUrl=s3://BUCKET/model.tar.gz": "needs an AWS account",
+    "def words(requests):                     # Triton.bind(..., config=ModelConfig(decoupled=True))":
+        "a fragment (no imports, no Triton()); the whole program, this generator bound and streamed to the "
+        "openai client, is tests/transports/openai/test_openai_api.py::test_bound_generator_answers_chat_completions",
     "gcloud ai models upload --region REGION --display-name kernel --container-image-uri IMAGE_WITH_MODELS "
     "--container-ports 8080": "needs a Google Cloud project",
 }
@@ -67,6 +70,11 @@ HTTP_CLIENT = 'client = httpclient.InferenceServerClient("localhost:8000")'
 PYTRITON_SERVER = "with Triton() as triton:                         # HTTP :8000, gRPC :8001, metrics :8002"
 PYTRITON_CLIENT = 'with ModelClient("localhost", "AddSub") as client:'
 RUN = [MAKE_SERVE, *INSTALL, SERVE_MY_REPO, MODEL_PY, HTTP_CLIENT, PYTRITON_SERVER, PYTRITON_CLIENT]
+# Snippets another test runs as written, with where.
+RUN_ELSEWHERE = {
+    'client = OpenAI(base_url="http://localhost:9000/v1", api_key="unused")':
+        "tests/transports/openai/test_openai_readme.py (the first chat, against make serve's OpenAI port)",
+}
 
 
 # ---- reading the README --------------------------------------------------------------------------------
@@ -117,10 +125,10 @@ def test_every_snippet_is_run_or_says_why_not():
     snippets = bash_commands()
     for lang, text, _ in blocks():
         if lang == "python":
-            found = [key for key in RUN if key in text.splitlines()]
+            found = [key for key in [*RUN, *RUN_ELSEWHERE, *ILLUSTRATIVE] if key in text.splitlines()]
             assert len(found) == 1, f"a python block the tests do not run:\n{text}"
             snippets.append(found[0])
-    assert sorted(set(snippets)) == sorted(set(RUN) | set(ILLUSTRATIVE))
+    assert sorted(set(snippets)) == sorted(set(RUN) | set(ILLUSTRATIVE) | set(RUN_ELSEWHERE))
     assert not set(RUN) & set(ILLUSTRATIVE)
 
 
