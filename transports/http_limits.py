@@ -43,6 +43,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kernel.core.holding import HeldBytes
+from kernel.transports.reset import reset
 
 
 @dataclass(frozen=True)
@@ -351,9 +352,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         return transport.get_write_buffer_size() if transport is not None else 0
 
     def cut(self, reason: str) -> None:
-        """Drop the client: abort() discards the write buffer and with it the answer's buffers."""
+        """Drop the client: abort() discards the write buffer and with it the answer's buffers; a
+        reset, so the kernel's send buffer goes too and the client sees the cut."""
         if self.transport is not None:
-            self.transport.abort()
+            reset(self.transport)
 
     def transferring(self) -> bool:
         """A body is being read, or an answer is still being written (the drain at shutdown waits)."""
