@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -380,16 +381,23 @@ def test_chunked_invocations_body_is_capped_at_65536_chunks(start_kernel, tmp_pa
     k, c = sagemaker(start_kernel, [repo])
     port = int(str(c.base_url).rsplit(":", 1)[1].rstrip("/"))
 
-    def send_chunks(count: int) -> bytes:
+    def send_chunks(count: int, split: int = 0) -> bytes:
+        """count chunks; the last `split` of them two bytes each, sent in two reads (header and
+        first byte, a pause, the rest): a chunk the server reads in pieces is still one chunk."""
         with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             s.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Transfer-Encoding: chunked\r\n\r\n")
             body = json.dumps(ADD_SUB_JSON).encode()
-            # one byte per chunk: a chunk's data can never be split across two reads
-            pieces = [body[i:i + 1] for i in range(len(body))] + [b" "] * (count - len(body))
+            # one byte per chunk otherwise: a chunk's data can never be split across two reads
+            pieces = [body[i:i + 1] for i in range(len(body))] + [b" "] * (count - len(body) - split)
             try:
                 for i in range(0, len(pieces), 4096):
                     s.sendall(b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces[i:i + 4096]))
+                for _ in range(split):
+                    s.sendall(b"2\r\n ")
+                    time.sleep(0.1)
+                    s.sendall(b" \r\n")
                 s.sendall(b"0\r\n\r\n")
             except OSError:  # the server answered and closed while we were still sending
                 pass
@@ -402,6 +410,8 @@ def test_chunked_invocations_body_is_capped_at_65536_chunks(start_kernel, tmp_pa
             return data
 
     ok = send_chunks(65536)
+    assert ok.startswith(b"HTTP/1.1 200"), ok[:300]
+    ok = send_chunks(65536, split=3)  # exactly the maximum, some chunks read in two pieces
     assert ok.startswith(b"HTTP/1.1 200"), ok[:300]
     refused = send_chunks(65537)
     assert refused.startswith(b"HTTP/1.1 400"), refused[:300]
