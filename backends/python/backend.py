@@ -87,6 +87,9 @@ class PythonBackend(Backend):
         except asyncio.TimeoutError:
             proc.kill()
             raise KernelError(ErrorCode.INTERNAL, "auto-complete of the model config timed out") from None
+        except asyncio.CancelledError:  # the load was abandoned
+            proc.kill()
+            raise
         try:
             result = json.loads(out or b"{}")
         except ValueError:
@@ -134,7 +137,11 @@ class PythonBackend(Backend):
             inst.on_unexpected_exit = self._restart
             inst.command = command
             inst.model_file = self.model_file(source.version_dir, source.config)
-        results = await asyncio.gather(*(inst.start() for inst in instances), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(inst.start() for inst in instances), return_exceptions=True)
+        except asyncio.CancelledError:  # the load was abandoned (a signal during start-up): end its workers
+            await asyncio.gather(*(inst.stop(0) for inst in instances), return_exceptions=True)
+            raise
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             for inst in instances:

@@ -187,6 +187,8 @@ class BlsClient:
             request._correlation_id,
             request._flags,
             request._parameters or "{}",
+            0,
+            request._trace.get_context() or "",
         )
         return messages.BlsRequest(
             request._model_name,

@@ -45,6 +45,9 @@ class FrontCalls:
                 self._bls_calls.pop(key, None)
                 if state["timer"] is not None:
                     state["timer"].cancel()
+                if request.trace is not None:  # this call's trace is done with (see bls_trace)
+                    trace, request.trace = request.trace, None
+                    trace.release()
             if not self.healthy or self.channel is None or self.channel.closed:
                 return
             if response.error is not None:
@@ -57,6 +60,8 @@ class FrontCalls:
                 wire_response = messages.Response(key, tensors, None, params_json, response.final)
             self.channel.send(messages.BlsResponses([wire_response]))
 
+        if r.trace_context and self.core.tracer is not None:  # InferenceRequest(trace=request.trace())
+            request.trace = self.core.tracer.bls_trace(r.trace_context)
         request.on_response = reply
         self._bls_calls[key] = request
         try:

@@ -354,6 +354,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
                         traced = []
                         trace_key = next(self._keys)
                     traced.append(request.trace)
+                    batch[-1].trace_context = request.trace.context()  # what request.trace() gives the model
             self.channel.send(messages.Execute(batch, trace_key) if traced else messages.Execute(batch))
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
             self._unsent(requests, packed, exc)

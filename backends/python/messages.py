@@ -36,6 +36,9 @@ class Request(msgspec.Struct, array_like=True, omit_defaults=True):
     flags: int = 0
     parameters: str = "{}"  # JSON object, as request.parameters() returns it
     arrival_ns: int = 0  # when the core accepted it (monotonic clock); 0: not counted in statistics
+    # OpenTelemetry tracing: front -> worker, the traced request's context (request.trace());
+    # worker -> front in a BlsRequest, the context the model passed as InferenceRequest(trace=...).
+    trace_context: str = ""
 
 
 class Error(msgspec.Struct, array_like=True):

@@ -22,7 +22,6 @@ import inspect
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -40,6 +39,7 @@ from kernel.backends.python.metrics_client import MetricsClient
 from kernel.backends.python.model_import import load_model_class
 from kernel.backends.python.model_loading import ModelLoadingClient
 from kernel.backends.python.model_thread import ModelThread
+from kernel.backends.python.stop_signals import hold_stop_signals
 from kernel.backends.python.responses import ResponseSink, pack_tensor, response_message
 from kernel.backends.python.worker_arena import WorkerArenas
 from kernel.backends.python.worker_log import apply_log_settings, format_exception
@@ -303,6 +303,8 @@ class Worker(InlineWaits):
                 inputs, r.request_id, r.correlation_id, r.flags, r.requested_outputs or self.output_names,
                 r.parameters, self.model_name, self.model_version, sink.sender, sink.is_cancelled,
             )
+            if r.trace_context:  # traced: request.trace() names it, and BLS calls that pass it join it
+                request._trace = pb_utils.InferenceTrace(r.trace_context)
             requests.append(request)
             keys.append(r.key)
             keys.meta.append((r.arrival_ns, batch_size(r, self.max_batch_size)))
@@ -536,8 +538,7 @@ def main(argv=None) -> None:
     # The model sees an embedded interpreter's argv, as under Triton's stub: argparse or
     # unittest.main() in model code must not trip over the worker's own flags.
     sys.argv = [""]
-    # Ctrl-C reaches the whole process group; the front process decides when we stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hold_stop_signals()  # the front process decides when we stop (stop_signals.py)
     channel = socket.socket(fileno=args.channel_fd)
     fd_sock = socket.socket(fileno=args.fd_channel_fd)
     worker = Worker(
