@@ -39,10 +39,11 @@ FLAG = "--grpc-infer-response-compression-level"
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    """add_sub and an FP32 identity model (OUT = IN, any length)."""
+    """add_sub, an FP32 identity model (OUT = IN, any length) and a decoupled one (repeat_int32)."""
     root = tmp_path_factory.mktemp("compression_repo")
     shutil.copytree(EXAMPLES / "add_sub", root / "add_sub")
     shutil.copytree(TEST_MODELS / "handover" / "identity", root / "identity")
+    shutil.copytree(TEST_MODELS / "good" / "repeat_int32", root / "repeat_int32")
     return root
 
 
@@ -235,6 +236,20 @@ def test_stream_answers_are_compressed_each_and_in_order(high):
         assert answer.raw_output_contents[0] == np.full(sizes[i], i, np.float32).tobytes()
 
 
+def test_decoupled_answers_are_compressed(high):
+    """Each answer of a decoupled model is a message of its own under the call's grpc-encoding."""
+    r = pb.ModelInferRequest(model_name="repeat_int32", id="d")
+    r.inputs.add(name="IN", datatype="INT32", shape=[5])
+    r.raw_input_contents.append(np.arange(5, dtype=np.int32).tobytes())
+    headers, trailers, messages = call(high.grpc_port, "ModelStreamInfer", [r.SerializeToString()], "gzip")
+    assert trailers["grpc-status"] == "0" and headers.get("grpc-encoding") == "gzip"
+    assert len(messages) == 5
+    for i, (flag, body) in enumerate(messages):
+        answer = pb.ModelStreamInferResponse.FromString(inflate("gzip", flag, body)).infer_response
+        assert flag == (len(zlib_default("gzip", inflate("gzip", flag, body))) < len(inflate("gzip", flag, body)))
+        assert answer.id == "d" and np.frombuffer(answer.raw_output_contents[0], np.int32).tolist() == [i]
+
+
 # ---- tritonclient -------------------------------------------------------------------------------
 
 
@@ -300,6 +315,40 @@ def test_tritonclient_reads_every_answer(high, request_compression):
         client.stop_stream()
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("high, request_compression", WITH_REQUEST_COMPRESSION, indirect=["high"])
+def test_tritonclient_reads_decoupled_answers(high, request_compression):
+    """A decoupled model's many answers per request (some sent together, some apart) and its empty
+    final answer, each a compressed message of one ModelStreamInfer call, read by tritonclient."""
+    values = np.arange(40, dtype=np.int32)
+    delays = np.zeros(40, np.uint32)
+    delays[::8] = 20  # answers come in several flushes
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(high.grpc_url)
+    try:
+        client.start_stream(lambda result, error: results.put((result, error)),
+                            compression_algorithm=request_compression)
+        for request_id in ("a", "b"):
+            inputs = [grpcclient.InferInput("IN", [40], "INT32"), grpcclient.InferInput("DELAY", [40], "UINT32")]
+            inputs[0].set_data_from_numpy(values)
+            inputs[1].set_data_from_numpy(delays)
+            client.async_stream_infer("repeat_int32", inputs, request_id=request_id, enable_empty_final_response=True)
+        got: dict = {"a": [], "b": []}
+        finals = 0
+        while finals < 2:
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            response = result.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                finals += 1
+                assert not response.outputs
+                continue
+            got[response.id].append((int(result.as_numpy("IDX")[0]), int(result.as_numpy("OUT")[0])))
+        client.stop_stream()
+    finally:
+        client.close()
+    assert got["a"] == got["b"] == [(i, i) for i in range(40)]  # every answer, in order
 
 
 @pytest.mark.parametrize("high, request_compression", [p for p in WITH_REQUEST_COMPRESSION if p[1] != "deflate"],
