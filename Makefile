@@ -1,38 +1,70 @@
 # The two commands a newcomer needs: `make serve` and `make test`.
-# Both create the virtual environment and install everything on first use.
+# Both create the virtual environment on first use; `serve` installs Kernel's runtime only, `test`
+# adds what the tests need, `bench` what the benchmarks need (one stamp each, redone when
+# pyproject.toml changes). pip shows its progress.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+PIP    := $(PY) -m pip --disable-pip-version-check
+# An editable install maps kernel.transports and kernel.backends onto transports/ and backends/
+# (pyproject's package-dir), which setuptools does with an import finder and announces with a
+# five-line "Editable installation" warning on every install; it is informational, nothing is wrong.
+BUILD_ENV := PYTHONWARNINGS="ignore:Editable installation"
+
+RUNTIME_STAMP := $(VENV)/.installed-runtime
+TEST_STAMP    := $(VENV)/.installed-test
+BENCH_STAMP   := $(VENV)/.installed-bench
 
 .PHONY: serve test bench clean peer-check
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test,bench]"
-	touch $(STAMP)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 
-serve: $(STAMP)
-	$(VENV)/bin/kernel serve $(if $(filter --model-repository% --model-store%,$(ARGS)),,--model-repository model_repo_examples) $(ARGS)
+$(RUNTIME_STAMP): pyproject.toml | $(PY)
+	@echo "Installing Kernel (runtime only) into $(VENV)"
+	$(BUILD_ENV) $(PIP) install -e .
+	touch $@
 
-test: $(STAMP)
+$(TEST_STAMP): pyproject.toml $(RUNTIME_STAMP)
+	@echo "Installing what the tests need into $(VENV)"
+	$(BUILD_ENV) $(PIP) install -e ".[test]"
+	touch $@
+
+$(BENCH_STAMP): pyproject.toml $(RUNTIME_STAMP)
+	$(BUILD_ENV) $(PIP) install -e ".[bench]"
+	touch $@
+
+# The OpenAI-compatible API listens on 9000 (as Triton's OpenAI frontend) unless ARGS names --openai-port.
+serve: $(RUNTIME_STAMP)
+	$(VENV)/bin/kernel serve $(if $(filter --model-repository% --model-store%,$(ARGS)),,--model-repository model_repo_examples) \
+	  $(if $(filter --openai-port%,$(ARGS)),,--openai-port 9000) $(ARGS)
+
+test: $(TEST_STAMP) redis-server
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The redis response cache tests start a real redis-server (Debian package redis-server). Installed
+# with apt-get when missing; nothing is done (or printed) when it is there.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || command -v sudo)
+.PHONY: redis-server
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  command -v apt-get >/dev/null 2>&1 || { echo "make test needs redis-server (the redis cache tests start one) and there is no apt-get here: install Redis (redis-server) by hand" >&2; exit 1; }; \
+	  echo "installing redis-server with apt-get (the redis cache tests start one)"; \
+	  $(SUDO) apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
 
 # Kernel vs real Triton on every scenario of issue 17 (benchmarks/suite.py); real Triton and
 # perf_analyzer are installed from PyPI into benchmarks/.peers on first use. ARGS="--quick --rounds 1" to try it.
-bench: $(STAMP)
+bench: $(BENCH_STAMP) $(TEST_STAMP)
 	$(PY) benchmarks/peers.py install
 	$(PY) benchmarks/suite.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Compatibility checks against real peers (real Triton via ../shared/bench/anchors.sh); not part of `make test`.
+# Compatibility checks against real Triton 2.51, installed from PyPI into benchmarks/.peers on first
+# use (benchmarks/peers.py; KERNEL_PEERS_DIR puts it elsewhere); not part of `make test`.
 # The differential check (peer_checks/test_differential.py) prints its summary line last;
-# peer_checks/differences.py lists the known differences. Installs real Triton once.
-ANCHORS_DIR ?= $(HOME)/.cache/kernel-anchors
-peer-check: $(STAMP)
-	test -n "$(wildcard $(ANCHORS_DIR)/lib/python3*/site-packages/pytriton/tritonserver/bin/tritonserver)" \
-	  || bash ../shared/bench/anchors.sh install
-	$(PY) -m pytest -q -p no:cacheprovider --basetemp=/tmp/kernel-peer-check peer_checks $(PYTEST_ARGS)
+# peer_checks/differences.py lists the known differences.
+peer-check: $(TEST_STAMP)
+	$(PY) benchmarks/peers.py install --triton-only
+	$(PY) -m pytest -q -p no:cacheprovider peer_checks $(PYTEST_ARGS)

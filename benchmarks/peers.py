@@ -10,6 +10,7 @@
 Usage::
 
     python benchmarks/peers.py install            # idempotent; venv at benchmarks/.peers (git-ignored)
+    python benchmarks/peers.py install --triton-only   # the same, without perf_analyzer's libb64 (make peer-check)
     python benchmarks/peers.py env                # the exports the commands below use (eval-able)
     python benchmarks/peers.py triton REPO [HTTP GRPC METRICS]   # run real Triton in the foreground
     python benchmarks/peers.py perf ARGS...       # perf_analyzer
@@ -88,9 +89,13 @@ def installed(d: Path = DEFAULT_DIR) -> bool:
     return stamp.get("packages") == PACKAGES and venv_python(d).exists() and Path(stamp.get("tritonserver", "")).exists()
 
 
-def install(d: Path = DEFAULT_DIR, force: bool = False) -> Path:
-    """Create/complete the peers venv. Cheap when already done (a stamp file records what was installed)."""
-    _install_libb64()
+def install(d: Path = DEFAULT_DIR, force: bool = False, perf: bool = True) -> Path:
+    """Create/complete the peers venv. Cheap when already done (a stamp file records what was installed).
+
+    perf=False skips what only perf_analyzer needs (libb64 from apt-get, which wants root): real
+    Triton alone is what the peer checks run."""
+    if perf:
+        _install_libb64()
     if installed(d) and not force:
         return d
     if not venv_python(d).exists():
@@ -156,7 +161,7 @@ def main(argv: list[str]) -> int:
         d, argv = Path(argv[1]).resolve(), argv[2:]
     cmd, rest = (argv[0], argv[1:]) if argv else ("help", [])
     if cmd == "install":
-        install(d, force="--force" in rest)
+        install(d, force="--force" in rest, perf="--triton-only" not in rest)
         return 0
     if cmd == "check":
         return 0 if installed(d) else 1

@@ -90,6 +90,10 @@ class TritonConfig:
     #: Processes of this user on this host may bind models with RemoteTriton (None: yes, as in PyTriton;
     #: False turns it off). Kernel's own field; `kernel serve` needs --allow-remote-binding instead.
     allow_remote_binding: Optional[bool] = None
+    #: Kernel's own: serve the OpenAI-compatible API on this port (`kernel serve --openai-port`; off when None).
+    openai_port: Optional[int] = None
+    #: Kernel's own: the address of the OpenAI-compatible API (None: http_address).
+    openai_address: Optional[str] = None
 
     def __post_init__(self):
         if self.allow_http not in (True, None) and self.allow_grpc not in (True, None):

@@ -2,15 +2,17 @@
 
 Both are started with the same flags on the same model repository (built by
 `build_repository`), each on its own ports, and each request of the table in
-cases.py is sent to both. Real Triton comes from ../shared/bench/anchors.sh (its
-`env` gives the paths; `make peer-check` runs its `install` first); it is started
-from /tmp so that Kernel's own triton_python_backend_utils (at the checkout's root)
-cannot shadow the one Triton's Python backend brings.
+cases.py is sent to both. Real Triton is the one benchmarks/peers.py installs from
+PyPI (`make peer-check` runs its `install` first; KERNEL_PEERS_DIR puts it
+elsewhere); it is started outside the checkout so that Kernel's own
+triton_python_backend_utils (at the checkout's root) cannot shadow the one Triton's
+Python backend brings.
 """
 
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
 import shutil
@@ -26,7 +28,11 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "model_repo_examples"
 TEST_MODELS = ROOT / "tests" / "models"
-ANCHORS_SH = ROOT.parent / "shared" / "bench" / "anchors.sh"
+
+# benchmarks/peers.py (under another name: this module is `peers` too): where real Triton is installed.
+_spec = importlib.util.spec_from_file_location("triton_peers", ROOT / "benchmarks" / "peers.py")
+triton_peers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(triton_peers)
 
 # What the repository holds: good models the table infers on, and one model failing in each
 # stage of its life (config parse, import, initialize, a missing model.py; `raises` fails in execute).
@@ -141,16 +147,11 @@ class Peer:
 
 
 def triton_env() -> dict[str, str]:
-    """PATH, LD_LIBRARY_PATH and TRITON_HOME as anchors.sh sets them for real Triton."""
-    out = subprocess.run(["bash", str(ANCHORS_SH), "env"], capture_output=True, text=True, check=True).stdout
-    env = dict(os.environ)
-    for line in out.splitlines():
-        if not line.startswith("export "):
-            continue
-        key, _, value = line[len("export "):].partition("=")
-        value = value.replace("${LD_LIBRARY_PATH:-}", env.get("LD_LIBRARY_PATH", "")).replace("$PATH", env["PATH"])
-        env[key] = value
-    return env
+    """PATH, LD_LIBRARY_PATH and TRITON_HOME for real Triton (benchmarks/peers.py), over this environment."""
+    if not triton_peers.installed():
+        raise RuntimeError(f"real Triton is not installed in {triton_peers.DEFAULT_DIR}: "
+                           "run `python benchmarks/peers.py install --triton-only` (make peer-check does)")
+    return triton_peers.env()
 
 
 def start_triton(repo: Path, ports: Ports, log_dir: Path) -> Peer:
@@ -159,7 +160,7 @@ def start_triton(repo: Path, ports: Ports, log_dir: Path) -> Peer:
     log_path = log_dir / "triton.log"
     cmd = [str(home / "bin" / "tritonserver"), f"--backend-directory={home / 'backends'}", *common_flags(repo, ports)]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd="/tmp", env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=log_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return _ready(Peer("triton", ports, proc, log_path))
 
 
@@ -168,7 +169,7 @@ def start_kernel(repo: Path, ports: Ports, log_dir: Path) -> Peer:
     log_path = log_dir / "kernel.log"
     cmd = [sys.executable, "-m", "kernel", "serve", *common_flags(repo, ports)]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd="/tmp", env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=log_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return _ready(Peer("kernel", ports, proc, log_path))
 
 

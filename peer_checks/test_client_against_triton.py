@@ -1,7 +1,7 @@
 """kernel.client against real NVIDIA Triton: the clients work with any KServe v2 server.
 
 A peer check, not part of `make test`: it needs real Triton, which `make peer-check` installs
-with `anchors.sh install` (into ~/.cache/kernel-anchors) before running this folder.
+with benchmarks/peers.py (into benchmarks/.peers, or KERNEL_PEERS_DIR) before running this folder.
 """
 
 from __future__ import annotations
@@ -10,19 +10,20 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, ROOT, TEST_MODELS, free_ports  # peer_checks/conftest.py re-exports tests/conftest's
-from kernel.client import AsyncioModelClient, DecoupledModelClient, FuturesModelClient, ModelClient
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conftest import EXAMPLES, TEST_MODELS, free_ports  # noqa: E402 - peer_checks/conftest.py re-exports tests/conftest's
+import peers  # noqa: E402 - where real Triton is (benchmarks/peers.py)
+from kernel.client import AsyncioModelClient, DecoupledModelClient, FuturesModelClient, ModelClient  # noqa: E402
 from kernel.client.exceptions import PyTritonClientInferenceServerError, PyTritonClientModelUnavailableError
-
-ANCHORS = Path.home() / ".cache" / "kernel-anchors"
-ANCHORS_SH = ROOT.parent / "shared" / "bench" / "anchors.sh"
-
 
 A = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
 
@@ -34,31 +35,35 @@ def triton(tmp_path_factory):
                   TEST_MODELS / "good" / "raises"):
         shutil.copytree(model, repo / model.name)
     http, grpc, metrics = free_ports(3)
+    env = peers.triton_env()
+    home = Path(env["TRITON_HOME"])
+    cmd = [str(home / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={home / 'backends'}",
+           f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]
+    log = repo.parent / "triton.log"
     # cwd outside the checkout: Kernel's own triton_python_backend_utils would shadow Triton's
-    started = subprocess.run(
-        [str(ANCHORS_SH), "triton", str(repo), str(http), str(grpc), str(metrics)],
-        cwd="/tmp", capture_output=True, text=True, timeout=120,
-        env={**os.environ, "TRITON_LOG": str(repo.parent / "triton.log")},
-    )
-    assert started.returncode == 0, started.stderr
-    pid = int(started.stdout.split()[-1])
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=repo.parent, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, log.read_text(errors="replace")
+            try:
+                with urllib.request.urlopen(f"http://localhost:{http}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.2)
         yield {"http": f"http://localhost:{http}", "grpc": f"grpc://localhost:{grpc}"}
     finally:
-        _stop(pid)
-
-
-def _stop(pid: int) -> None:
-    """Triton is not our child (anchors.sh starts it with nohup): signal it and poll until it is gone."""
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @pytest.mark.parametrize("scheme", ["http", "grpc"])

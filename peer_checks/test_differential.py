@@ -2,7 +2,7 @@
 `kernel serve` on the same model repository, the answers compared (see cases.py for what is
 compared per row, normalise.py for what is taken out first, differences.py for what may differ).
 
-Not part of `make test`: `make peer-check` installs real Triton (../shared/bench/anchors.sh) and
+Not part of `make test`: `make peer-check` installs real Triton (benchmarks/peers.py) and
 runs this folder; its last line is the summary, e.g.
 `differential: 155 cases, 115 same, 12 deliberate differences, 28 open differences (to fix), 0 unlisted, ...`
 (peer_checks/differences.py lists the deliberate and the open ones, each with its reason).

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +20,50 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 EXAMPLES = ROOT / "model_repo_examples"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
+
+
+# ---- nothing left in /tmp ------------------------------------------------------------------------
+
+_tmp_before: set[str] = set()
+
+
+def _tmp_entries() -> set[str]:
+    try:
+        return set(os.listdir("/tmp"))
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_files_under_pytest(tmp_path_factory):
+    """Every temporary file of the session goes under pytest's temporary folder, not /tmp: TMPDIR
+    points there for the tests and every process they start (test servers' logs, workspaces, the
+    folders servers make themselves). tests/packaging/test_temporary_files.py checks that it holds."""
+    _tmp_before.update(_tmp_entries())
+    private = tmp_path_factory.mktemp("tmp")
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(private)
+    tempfile.tempdir = None  # tempfile reads TMPDIR again
+    try:
+        yield private
+    finally:
+        if saved is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved
+        tempfile.tempdir = None
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name what appeared in /tmp while the session ran (pytest's own folders aside). A report, not a
+    failure: on a shared machine other processes write there too; the checks that fail are
+    tests/packaging/test_temporary_files.py."""
+    if not _tmp_before:
+        return
+    new = sorted(n for n in _tmp_entries() - _tmp_before if not n.startswith("pytest-of-"))
+    if new:
+        terminalreporter.write_line(f"{len(new)} new entries in /tmp during this session (this session's, or "
+                                    f"another process's): {', '.join(new[:10])}", yellow=True)
 
 
 # Servers under test listen below the kernel's ephemeral range (32768-60999 by default): a port
@@ -149,7 +194,8 @@ class KernelProcess(ServerProcess):
             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
             "--metrics-port", str(self.metrics_port), *extra,
         ]
-        log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel-test-{self.http_port}.log"
+        # Under pytest's temporary folder (TMPDIR, see temporary_files_under_pytest), kept with the run's other files.
+        log_path = Path(tempfile.gettempdir()) / f"kernel-test-{self.http_port}.log"
         super().__init__(args, log_path, env, cwd)
 
     def wait_ready(self, timeout: float = 60.0) -> "KernelProcess":

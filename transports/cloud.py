@@ -27,6 +27,8 @@ class CloudHttpTransport(HttpTransport):
     """An HttpTransport whose ASGI app is a cloud front (`make_app(server, http_app)`)."""
 
     fast_path = False  # every request goes to the cloud app, KServe's infer route included
+    # start() checks the endpoint's model (its default model must exist): after the models load.
+    serves_while_loading = False
 
     def __init__(self, server: Server, address: str, port: int, max_input_size: int,
                  restricted: Optional[Restrictions] = None,

@@ -87,6 +87,9 @@ class PythonBackend(Backend):
         except asyncio.TimeoutError:
             proc.kill()
             raise KernelError(ErrorCode.INTERNAL, "auto-complete of the model config timed out") from None
+        except asyncio.CancelledError:  # the load was abandoned
+            proc.kill()
+            raise
         try:
             result = json.loads(out or b"{}")
         except ValueError:
@@ -134,7 +137,11 @@ class PythonBackend(Backend):
             inst.on_unexpected_exit = self._restart
             inst.command = command
             inst.model_file = self.model_file(source.version_dir, source.config)
-        results = await asyncio.gather(*(inst.start() for inst in instances), return_exceptions=True)
+        try:
+            results = await asyncio.gather(*(inst.start() for inst in instances), return_exceptions=True)
+        except asyncio.CancelledError:  # the load was abandoned (a signal during start-up): end its workers
+            await asyncio.gather(*(inst.stop(0) for inst in instances), return_exceptions=True)
+            raise
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             for inst in instances:
@@ -225,9 +232,10 @@ class PythonBasedBackend(PythonBackend):
 def force_cpu_only_input_tensors(config) -> bool:
     """The model's FORCE_CPU_ONLY_INPUT_TENSORS parameter: "yes" (the default) or "no", as Triton reads it.
 
-    Inputs reach a Kernel worker in host memory either way (a CUDA shared-memory input is copied to
-    the host), so "no" changes nothing yet; it is read so that a bad value fails the load in
-    tritonserver 2.51's words and "no" logs its line, as there.
+    With "no", GPU inputs (a CUDA shared-memory region, another model's GPU output) reach execute
+    on the GPU, as CUDA IPC handles the worker opens (gpu_worker.py, which reads the parameter from
+    the model config itself); with "yes" the worker copies them to the host. Checked here so that a
+    bad value fails the load in tritonserver 2.51's words and "no" logs its line, as there.
     """
     param = config.parameters.get("FORCE_CPU_ONLY_INPUT_TENSORS")
     if param is None or param.string_value == "yes":

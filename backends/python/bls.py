@@ -9,6 +9,11 @@ views it has been garbage collected ("output tensors are freed when dropped").
 A call's inputs are packed at the call, on the caller's thread (as Triton copies them into shared
 memory inside exec()/async_exec()): a buffer the model overwrites right after the call still
 reaches the callee as it was. Only the sending waits for the loop (or a thread pumping for it).
+
+GPU tensors (gpu_worker.py): a GPU input goes as a CUDA IPC handle; outputs come back as GPU
+tensors unless `preferred_memory` asks for CPU, or the caller has no GPU support loaded and asked
+for nothing (a CPU model is not made to import CuPy); with TRITONSERVER_MEMORY_GPU a host output is
+copied to the preferred device here.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import threading
 import weakref
 from typing import Optional
 
-from kernel.backends.python import messages, wire
+from kernel.backends.python import gpu_worker, messages, wire
 from kernel.backends.python.bls_stream import AsyncResponseStream
 from kernel.backends.python.inline_channel import OneShot
 from kernel.core import datatypes
@@ -31,7 +36,7 @@ import triton_python_backend_utils as pb_utils
 class _Call:
     """One BLS call in flight: where its responses go."""
 
-    __slots__ = ("decoupled", "sync_queue", "future", "stream", "done")
+    __slots__ = ("decoupled", "sync_queue", "future", "stream", "done", "gpu_device")
 
     def __init__(self, decoupled: bool, blocking: bool, loop: asyncio.AbstractEventLoop):
         self.decoupled = decoupled
@@ -39,6 +44,7 @@ class _Call:
         self.future: Optional[asyncio.Future] = None if blocking or decoupled else loop.create_future()
         self.stream: Optional[AsyncResponseStream] = None  # async_exec(decoupled=True)
         self.done = False
+        self.gpu_device = -1  # preferred_memory GPU: host outputs are copied to this device
 
     def deliver(self, response, final: bool) -> None:
         if self.sync_queue is not None:
@@ -114,7 +120,7 @@ class BlsClient:
         if self.worker.pumping_here():
             # A synchronous execute running on the loop: send now, pump until answered.
             key, call = self._new_call(decoupled, blocking=True)
-            self._send(key, self._pack(key, request), decoupled, True)
+            self._send(key, self._pack(key, request, call), decoupled, True)
             if decoupled:
                 return ResponseIterator(self, key, call)
             self.worker.wait_inline(lambda: not call.sync_queue.empty())
@@ -126,7 +132,7 @@ class BlsClient:
                 "in an 'async def execute' use 'await request.async_exec()'"
             )
         key, call = self._new_call(decoupled, blocking=True)
-        send = OneShot(self._send, key, self._pack(key, request), decoupled, True)
+        send = OneShot(self._send, key, self._pack(key, request, call), decoupled, True)
         loop.call_soon_threadsafe(send)
         if decoupled:
             return ResponseIterator(self, key, call, send)
@@ -140,7 +146,7 @@ class BlsClient:
         key, call = self._new_call(decoupled, blocking=False)
         if decoupled:
             call.stream = AsyncResponseStream(self, key, self.worker.loop)
-        self.worker.call_on_loop(self._send, key, self._pack(key, request), decoupled, False)
+        self.worker.call_on_loop(self._send, key, self._pack(key, request, call), decoupled, False)
         return self._async_answer(call, decoupled)
 
     def _check_phase(self) -> None:
@@ -165,7 +171,7 @@ class BlsClient:
         self.calls[key] = call
         return key, call
 
-    def _pack(self, key: int, request):
+    def _pack(self, key: int, request, call: _Call):
         """The BlsRequest for `request`, its inputs copied now (on the caller's thread); a
         messages.Response with the error when an input cannot be packed."""
         worker = self.worker
@@ -182,13 +188,23 @@ class BlsClient:
             request._correlation_id,
             request._flags,
             request._parameters or "{}",
+            0,
+            request._trace.get_context() or "",
         )
-        return messages.BlsRequest(
+        packed = messages.BlsRequest(
             request._model_name,
             "" if version is None or version < 0 else str(version),
             wire_request,
             request._timeout,
         )
+        memory = request._preferred_memory
+        kind = int(memory._memory_type)  # 0 GPU, 1 CPU, 2 no preference
+        if kind == 0:
+            packed.device_outputs = gpu_worker.support() is not None  # else host, said once in the log
+            call.gpu_device = memory._device_id if packed.device_outputs else -1
+        elif kind == 2:
+            packed.device_outputs = gpu_worker.loaded()
+        return packed
 
     def _send(self, key: int, packed, decoupled: bool, blocks: bool) -> None:
         """Send a packed call (on the loop, or a thread sending directly while an inline execute holds it)."""
@@ -220,11 +236,26 @@ class BlsClient:
             error = pb_utils.TritonError(r.error.message, _error_code(r.error.code))
             response = pb_utils.InferenceResponse._server_side([], error=error)
         else:
-            tensors = [self._tensor(t) for t in r.outputs]
-            response = pb_utils.InferenceResponse._server_side(tensors, parameters_json=r.parameters or "{}")
+            tensors = []
+            try:
+                for t in r.outputs:
+                    tensors.append(self._tensor(t, call.gpu_device))
+            except gpu_worker.InputError as exc:  # a GPU output that cannot be opened here
+                for t in r.outputs[len(tensors):]:  # never made into arrays: give them back now
+                    if t.ipc is not None:
+                        gpu_worker.give_back(t.token)
+                    else:
+                        self._release_now(t)
+                tensors = None
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.UNAVAILABLE)
+                response = pb_utils.InferenceResponse._server_side([], error=error)
+            if tensors is not None:
+                response = pb_utils.InferenceResponse._server_side(tensors, parameters_json=r.parameters or "{}")
         call.deliver(response, r.final)
 
-    def _tensor(self, t: messages.Tensor):
+    def _tensor(self, t: messages.Tensor, gpu_device: int = -1):
+        if t.ipc is not None:  # a GPU output, opened in place (its loan goes back when the model drops it)
+            return pb_utils.Tensor._wrap(t.name, gpu_worker.open_input(t, True), t.datatype)
         buffer = wire.view(t, self.worker.peer)
         if t.datatype == "BYTES":
             count = datatypes.element_count(t.shape)
@@ -237,6 +268,8 @@ class BlsClient:
         if t.data is None:
             # Region of the front's arena: give it back when the model drops the array.
             weakref.finalize(array, self.worker.call_on_loop, self.worker.release_peer_region, t.segment, t.offset)
+        if gpu_device >= 0 and array.size:  # preferred_memory GPU: the caller gets it on that device
+            array = gpu_worker.to_device(array, gpu_device)
         return pb_utils.Tensor._wrap(t.name, array, t.datatype)
 
     def _release_now(self, t: messages.Tensor) -> None:

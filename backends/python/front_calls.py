@@ -5,7 +5,9 @@ BlsRequest and runs through the core like any client request (any model, its sch
 instances), its responses going back as BlsResponses; `pb_utils.load_model` and its kin arrive as
 ModelControl and go through the core's model control. Both use the instance's channel, its arenas
 (BLS inputs are views of the worker's arena, BLS outputs are copied into the front's) and its
-table of BLS calls in flight.
+table of BLS calls in flight. GPU tensors go both ways as CUDA IPC handles (gpu_front.py): a GPU
+input is the caller's export, a GPU output is lent to the caller, when the caller said it can take
+GPU outputs (BlsRequest.device_outputs).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import msgspec
 
 from kernel.backends.python import messages, wire
+from kernel.core.device_memory import ALL_OUTPUTS
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, RequestedOutput
 
@@ -28,13 +31,20 @@ class FrontCalls:
     def _on_bls_request(self, msg: messages.BlsRequest) -> None:
         r = msg.request
         key = r.key
-        inputs = [self._views.unpack(t, None) for t in r.inputs]  # views of the worker's arena
+        try:  # views of the worker's arena, or its GPU tensors
+            inputs = [self._views.unpack(t, None) if t.ipc is None else self._gpu.unpack(t) for t in r.inputs]
+        except ValueError as exc:
+            error = messages.Error("INTERNAL", f"the model's worker sent a bad tensor location: {exc}")
+            self.channel.send(messages.BlsResponses([messages.Response(key, error=error)]))
+            return
         params = msgspec.json.decode(r.parameters) if r.parameters and r.parameters != "{}" else {}
         outputs = [RequestedOutput(n) for n in r.requested_outputs] or None
         request = InferRequest(
             msg.model_name, msg.model_version, r.request_id, inputs, outputs, params,
             correlation_id=r.correlation_id, flags=r.flags, timeout_us=msg.timeout_us,
         )
+        if msg.device_outputs:
+            request.device_outputs = ALL_OUTPUTS
         state = {"done": False, "timer": None}
 
         def reply(response: InferResponse) -> None:
@@ -45,18 +55,34 @@ class FrontCalls:
                 self._bls_calls.pop(key, None)
                 if state["timer"] is not None:
                     state["timer"].cancel()
+                if request.trace is not None:  # this call's trace is done with (see bls_trace)
+                    trace, request.trace = request.trace, None
+                    trace.release()
             if not self.healthy or self.channel is None or self.channel.closed:
                 return
-            if response.error is not None:
+            error = response.error
+            if error is None:
+                tensors = []
+                try:
+                    for t in response.outputs:
+                        tensors.append(wire.pack(t.name, t.datatype, t.shape, t.raw, self._arena) if t.device is None
+                                       else self._gpu.lend(t))
+                except KernelError as exc:  # a GPU output whose producer is gone
+                    self._gpu.returned(t.token for t in tensors if t.ipc is not None)
+                    for seg, off in wire.arena_regions(tensors):
+                        self._arena.free(seg, off)
+                    error = exc
+            if error is not None:
                 wire_response = messages.Response(
-                    key, error=messages.Error(response.error.code.name, response.error.message), final=response.final
+                    key, error=messages.Error(error.code.name, error.message), final=response.final
                 )
             else:
-                tensors = [wire.pack(t.name, t.datatype, t.shape, t.raw, self._arena) for t in response.outputs]
                 params_json = msgspec.json.encode(response.parameters).decode() if response.parameters else ""
                 wire_response = messages.Response(key, tensors, None, params_json, response.final)
             self.channel.send(messages.BlsResponses([wire_response]))
 
+        if r.trace_context and self.core.tracer is not None:  # InferenceRequest(trace=request.trace())
+            request.trace = self.core.tracer.bls_trace(r.trace_context)
         request.on_response = reply
         self._bls_calls[key] = request
         try:

@@ -1,8 +1,7 @@
 """The front-process side of one model instance: a worker process and its channel.
 
-Requests are encoded straight onto the worker's socket (no queue in between,
-so an idle worker never waits on us); responses come back on the same socket
-and are handed to each request's `on_response` on the event loop.
+Requests are encoded straight onto the worker's socket (no queue in between, so an idle worker
+never waits on us); responses come back on it and go to each request's `on_response` on the loop.
 
 A request's large inputs are copied once into this side's arena; each region is freed when the
 worker gives it back (Release: the model's last array over it is gone) and no response view
@@ -32,8 +31,10 @@ from kernel.backends.python.cancel_grace import CancelGrace
 from kernel.backends.python.execenv import WorkerCommand, server_command
 from kernel.backends.python.framing import MessageChannel
 from kernel.backends.python.front_calls import FrontCalls
+from kernel.backends.python.gpu_front import DeviceTensors
 from kernel.backends.python.metrics_client import handle_ops as _handle_metric_ops
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
+from kernel.core.device_memory import wire_form
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor, check_correlation_id
 
@@ -52,8 +53,7 @@ class WorkerSettings(msgspec.Struct, frozen=True):
     shm_idle_release_seconds: float = DEFAULT_IDLE_SECONDS
 
 
-# How long a worker stuck in an execute() whose requests were all given up on may take to exit
-# when the server stops (see stop).
+# How long a worker stuck in an execute() for requests all given up on may take to exit (see stop).
 STUCK_EXIT_S = 1.0
 
 # How long a standby worker (imports done) may take to report in before the instance starts a fresh
@@ -96,6 +96,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
         self._arena.on_new_segment = self._announce_segment
         self._peer = PeerArena()
         self._views = ArenaViews(self._arena, self._peer, self._send_release)  # outputs: views, no copy
+        self._gpu = DeviceTensors(self)  # GPU tensors as CUDA IPC handles (gpu_front.py)
         self._trim: Optional[IdleTrim] = None  # made with the loop, at start
         self._pending: dict[int, InferRequest] = {}
         if getattr(self, "_cancelled", None) is not None:
@@ -328,6 +329,9 @@ class WorkerInstance(FrontCalls, BackendInstance):
                 inputs = []
                 packed.append(inputs)
                 for t in request.inputs:
+                    if t.device is not None:  # a GPU tensor: lent to the worker as its IPC handle
+                        inputs.append(self._gpu.lend(t))
+                        continue
                     raw = t.raw
                     if len(raw) <= wire.INLINE_LIMIT:  # inline, as wire.pack does, minus its copy: msgspec
                         inputs.append(messages.Tensor(t.name, t.datatype, t.shape, raw))  # encodes any bytes-like
@@ -346,7 +350,8 @@ class WorkerInstance(FrontCalls, BackendInstance):
                         request.correlation_id,
                         request.flags,
                         msgspec.json.encode(request.parameters).decode() if request.parameters else "{}",
-                        request.arrival_ns,
+                        request.arrival_ns,  # then by name: fields with defaults are added over time
+                        device_outputs=wire_form(request.device_outputs) if request.device_outputs else False,
                     )
                 )
                 if request.trace is not None:
@@ -354,6 +359,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
                         traced = []
                         trace_key = next(self._keys)
                     traced.append(request.trace)
+                    batch[-1].trace_context = request.trace.context()  # what request.trace() gives the model
             self.channel.send(messages.Execute(batch, trace_key) if traced else messages.Execute(batch))
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
             self._unsent(requests, packed, exc)
@@ -379,6 +385,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
         for inputs in packed:
             for seg, off in wire.arena_regions(inputs):
                 self._arena.free(seg, off)
+            self._gpu.returned(t.token for t in inputs if t.ipc is not None)
         if isinstance(exc, KernelError):
             error = exc
         else:
@@ -423,6 +430,8 @@ class WorkerInstance(FrontCalls, BackendInstance):
             self._peer.add(msg.segment, fds[0], msg.size)
         elif type(msg) is messages.SegmentRemoved:
             self._peer.remove(msg.segment)
+        elif type(msg) is messages.DeviceRelease:
+            self._gpu.returned(msg.tokens)
         elif type(msg) is messages.BlsRequest:
             self._on_bls_request(msg)
         elif type(msg) is messages.ModelControl:
@@ -476,7 +485,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
             if error is None:
                 try:  # views of the arenas, not copies: an output may be a view of these very inputs
                     outputs = [InferTensor(t.name, t.datatype, t.shape, raw=t.data) if t.data is not None
-                               else views.unpack(t, regions) for t in r.outputs]
+                               else views.unpack(t, regions) if t.ipc is None else self._gpu.unpack(t) for t in r.outputs]
                 except ValueError as exc:
                     error = KernelError(ErrorCode.INTERNAL, f"the model's worker sent a bad tensor location: {exc}")
             if error is not None:
@@ -538,9 +547,10 @@ class WorkerInstance(FrontCalls, BackendInstance):
     def _drop_response(self, r: messages.Response) -> None:
         """A response for a request no longer pending here (answered as cancelled): give back the
         worker's arena regions its outputs were copied into."""
-        regions = [(t.segment, t.offset) for t in r.outputs if t.data is None and t.owner < 0]
+        regions = [(t.segment, t.offset) for t in r.outputs if t.data is None and t.owner < 0 and t.ipc is None]
         if regions:
             self._send_release(regions)
+        self._gpu.release_now(t.token for t in r.outputs if t.ipc is not None)
 
     def _send_segment_removed(self, index: int) -> None:
         if self.channel is not None and not self.channel.closed:
@@ -559,6 +569,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
         for request in calls.values():
             request.cancel()
         pending, self._pending = self._pending, {}
+        self._gpu.close(f"its process exited ({message})")
         self._input_regions.clear()
         self._cancelled.close()
         traced, self._traced = self._traced, {}

@@ -3,7 +3,9 @@
 Each message is a msgspec Struct encoded as msgpack and framed with a 4-byte
 little-endian length (see framing.py). Small tensors ride inline in `data`;
 large ones live in a shared-memory arena and the message carries only their
-location (arena segment, offset, size).
+location (arena segment, offset, size). A GPU tensor carries a CUDA IPC handle
+instead (`ipc`, with `device`, `offset`, `nbytes` and a `token` to give it back
+with: see gpu_worker.py and gpu_front.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ class Tensor(msgspec.Struct, array_like=True, omit_defaults=True):
     # >= 0: the bytes lie in the *receiver's* own arena, inside its allocation at (segment, owner);
     # a worker's output that is a view of a request's input goes back this way, without a copy.
     owner: int = -1
+    # A GPU tensor: the cudaIpcMemHandle_t (64 bytes) of the device allocation it lies in, at
+    # `offset`, `nbytes` long, on GPU `device`. `token` names it for DeviceRelease: from a worker,
+    # its export (the front frees it with that token); from the front, the front's loan (the worker
+    # gives it back with that token once the model has dropped every array over it).
+    ipc: Optional[bytes] = None
+    device: int = -1
+    token: int = 0
 
 
 class Request(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -36,6 +45,12 @@ class Request(msgspec.Struct, array_like=True, omit_defaults=True):
     flags: int = 0
     parameters: str = "{}"  # JSON object, as request.parameters() returns it
     arrival_ns: int = 0  # when the core accepted it (monotonic clock); 0: not counted in statistics
+    # OpenTelemetry tracing: front -> worker, the traced request's context (request.trace());
+    # worker -> front in a BlsRequest, the context the model passed as InferenceRequest(trace=...).
+    trace_context: str = ""
+    # Outputs that may go back as GPU tensors (IPC handles): True for all, or their names. Any
+    # other GPU output is copied to the host in the worker (kernel.core.device_memory).
+    device_outputs: Union[bool, list[str]] = False
 
 
 class Error(msgspec.Struct, array_like=True):
@@ -106,6 +121,17 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
 
+class DeviceRelease(msgspec.Struct, tag="device_release", array_like=True):
+    """GPU tensors (Tensor.token) the sender is done with; both directions.
+
+    Front -> worker: the last holder of these exports of the worker's is gone, free their device
+    memory. Worker -> front: the model's last array over these GPU tensors the front lent it is
+    gone (the worker closed its IPC mapping), so the front may let go of them.
+    """
+
+    tokens: list[int]
+
+
 # worker -> front
 
 
@@ -170,6 +196,9 @@ class BlsRequest(msgspec.Struct, tag="bls", array_like=True):
     timeout_us: int = 0
     decoupled: bool = False
     caller_blocks: bool = False  # exec() from a synchronous execute: the caller's thread waits
+    # Outputs may come back as GPU tensors (IPC handles): the caller's preferred_memory is not CPU
+    # and it can take them (bls.py decides); otherwise they come back in host memory.
+    device_outputs: bool = False
 
 
 class BlsCancel(msgspec.Struct, tag="bls_cancel", array_like=True):
@@ -252,11 +281,11 @@ class SegmentRemoved(msgspec.Struct, tag="segment_removed", array_like=True):
 
 ToWorker = Union[
     Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, SegmentRemoved, BlsResponses, CheckReady, MetricReply,
-    SetLog, ModelControlResult,
+    SetLog, ModelControlResult, DeviceRelease,
 ]
 ToFront = Union[
     Started, Ready, Responses, Finalized, SegmentAdded, SegmentRemoved, BlsRequest, BlsCancel, Release, ReadyResult,
-    MetricOps, ModelControl,
+    MetricOps, ModelControl, DeviceRelease,
 ]
 
 

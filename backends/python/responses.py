@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 import triton_python_backend_utils as pb_utils
-from kernel.backends.python import handover, messages, wire
+from kernel.backends.python import gpu_worker, handover, messages, wire
 from kernel.core import datatypes
+from kernel.core.device_memory import device_ok
 
 # Triton's numeric TritonError codes -> our ErrorCode names.
 ERROR_CODE_NAMES = {
@@ -27,7 +28,7 @@ ERROR_CODE_NAMES = {
 class ResponseSink:
     """Delivers one request's responses to the front process, from any thread."""
 
-    __slots__ = ("worker", "key", "requested", "cancelled", "sender", "regions")
+    __slots__ = ("worker", "key", "requested", "cancelled", "sender", "regions", "device")
 
     def __init__(self, worker, key: int, requested, regions=None):
         self.worker = worker
@@ -39,6 +40,8 @@ class ResponseSink:
         # segment, offset, input tensor) each, so an output that is a view of one can go back as a
         # reference (handover.py). Dropped at the final response, or when the request is cancelled.
         self.regions = regions
+        # The request's device_outputs (messages.Request): GPU outputs that may go as IPC handles.
+        self.device = False
 
     def send(self, response, flags: int) -> None:
         final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -50,8 +53,9 @@ class ResponseSink:
         return self.cancelled
 
 
-def pack_tensor(tensor, arena, regions=None, siblings=()) -> messages.Tensor:
-    """A pb_utils.Tensor in message form (inline, or copied into the worker's arena).
+def pack_tensor(tensor, arena, regions=None, siblings=(), device=False) -> messages.Tensor:
+    """A pb_utils.Tensor in message form (inline, copied into the worker's arena, or for a GPU
+    tensor that `device` lets stay on the GPU, a CUDA IPC handle: gpu_worker.py).
 
     regions: the request's inputs in the front's arena (ResponseSink.regions); siblings: the
     response's output tensors. An output that is a view of one of those inputs (an identity
@@ -67,6 +71,10 @@ def pack_tensor(tensor, arena, regions=None, siblings=()) -> messages.Tensor:
     if datatype == "BYTES":
         raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
     else:
+        if device and type(arr) is not np.ndarray and device_ok(device, tensor._name):
+            packed = gpu_worker.export_tensor(tensor)
+            if packed is not None:
+                return packed
         arr = np.ascontiguousarray(host_array(arr))
         nbytes = arr.nbytes
         if regions is not None and nbytes > wire.INLINE_LIMIT and arr is tensor._array:
@@ -86,16 +94,18 @@ def pack_tensor(tensor, arena, regions=None, siblings=()) -> messages.Tensor:
 
 def host_array(arr):
     """`arr` in host memory: a GPU array (a pb_utils.Tensor made from a CuPy/torch CUDA array through
-    DLPack) is copied device -> host, since tensors travel to the front in host memory for now.
-
-    Why a copy: handing the front a CUDA IPC handle instead (bytes never visiting host memory) is
-    the GPU follow-up of issue 19; until then a GPU output still reaches the client correctly.
+    DLPack) is copied device -> host, for a consumer that wants bytes (a client over the wire, a
+    BLS caller that prefers CPU memory) or where GPU support is off; the others take the GPU
+    tensor itself as a CUDA IPC handle (gpu_worker.py).
     """
     if isinstance(arr, np.ndarray) or not hasattr(arr, "__cuda_array_interface__"):
         return arr
     if hasattr(arr, "get"):  # CuPy
-        return arr.get()
-    return np.from_dlpack(arr.cpu()) if hasattr(arr, "cpu") else np.asarray(arr)
+        host = arr.get()
+    else:
+        host = np.from_dlpack(arr.cpu()) if hasattr(arr, "cpu") else np.asarray(arr)
+    gpu_worker.count("device_to_host", host.nbytes)
+    return host
 
 
 def response_message(sink: ResponseSink, response, final: bool, arena) -> messages.Response:
@@ -123,7 +133,7 @@ def response_message(sink: ResponseSink, response, final: bool, arena) -> messag
         for tensor in response.output_tensors():
             if sink.requested is not None and tensor.name() not in sink.requested:
                 continue
-            outputs.append(pack_tensor(tensor, arena, regions, siblings))
+            outputs.append(pack_tensor(tensor, arena, regions, siblings, sink.device))
     except Exception as exc:  # noqa: BLE001 - bad output tensors fail this request only
         return messages.Response(sink.key, error=messages.Error("INTERNAL", str(exc)), final=final)
     params = response.parameters()

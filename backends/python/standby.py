@@ -333,9 +333,9 @@ def _watch(task: asyncio.Future) -> None:
 def _standby_main(argv: list[str]) -> None:
     """In the standby process: import what every worker imports, make the clones the front asked
     for (standby_fork.py), wait for the assignment, run."""
-    import signal
+    from kernel.backends.python.stop_signals import hold_stop_signals
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the worker: the front decides when we stop
+    hold_stop_signals()  # as the worker: the front decides when we stop
     clones = report = None
     if argv[0] == "--clones":
         clones, report, argv = argv[1], int(argv[3]), argv[4:]

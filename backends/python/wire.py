@@ -41,7 +41,7 @@ def view(tensor: messages.Tensor, peer: PeerArena):
 
 
 def arena_regions(tensors) -> list[tuple[int, int]]:
-    return [(t.segment, t.offset) for t in tensors if t.data is None]
+    return [(t.segment, t.offset) for t in tensors if t.data is None and t.ipc is None]
 
 
 def arena_inputs(tensors, peer: PeerArena, inputs) -> list | None:

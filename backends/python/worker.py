@@ -22,7 +22,6 @@ import inspect
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kernel.backends.python import messages, wire
+from kernel.backends.python import gpu_worker, messages, wire
 from kernel.backends.python.bls import BlsClient
 from kernel.backends.python.execution_record import Batch, batch_size, execution_record
 from kernel.backends.python.inline_channel import InlineChannel
@@ -40,6 +39,7 @@ from kernel.backends.python.metrics_client import MetricsClient
 from kernel.backends.python.model_import import load_model_class
 from kernel.backends.python.model_loading import ModelLoadingClient
 from kernel.backends.python.model_thread import ModelThread
+from kernel.backends.python.stop_signals import hold_stop_signals
 from kernel.backends.python.responses import ResponseSink, pack_tensor, response_message
 from kernel.backends.python.worker_arena import WorkerArenas
 from kernel.backends.python.worker_log import apply_log_settings, format_exception
@@ -165,6 +165,8 @@ class Worker(InlineWaits):
         elif kind is messages.Release:
             for seg, off in msg.regions:
                 self.arena.free(seg, off)
+        elif kind is messages.DeviceRelease:
+            gpu_worker.free(msg.tokens)
         elif kind is messages.SegmentAdded:
             _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, 1)
             self.peer.add(msg.segment, fds[0], msg.size)
@@ -195,6 +197,7 @@ class Worker(InlineWaits):
             self.model_version = int(args["model_version"])
             self.max_batch_size = int(config.get("max_batch_size", 0) or 0)
             self.output_names = [o["name"] for o in config.get("output", [])]
+            gpu_worker.bind(self, config)  # FORCE_CPU_ONLY_INPUT_TENSORS; CuPy only once a GPU tensor comes
             cls = load_model_class(self.model_file)
             self.model = cls()
             self.async_execute = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
@@ -260,6 +263,8 @@ class Worker(InlineWaits):
         dtype = wire.NUMERIC_DTYPES.get(t.datatype)
         if dtype is not None and t.data is not None:  # the common case, without the general path's calls
             return pb_utils.Tensor._wrap(t.name, np.frombuffer(bytearray(t.data), dtype).reshape(t.shape), t.datatype)
+        if t.ipc is not None:  # a GPU tensor (gpu_worker.py): on the GPU, or copied here for a CPU-input model
+            return pb_utils.Tensor._wrap(t.name, gpu_worker.open_input(t, gpu_worker.gpu_inputs()), t.datatype)
         if t.datatype == "BYTES":
             buffer = wire.view(t, self.peer)
             count = datatypes.element_count(t.shape)
@@ -290,19 +295,25 @@ class Worker(InlineWaits):
                     inputs.append(self._input_tensor(t))
             except ValueError as exc:
                 for t in r.inputs[len(inputs):]:  # never made into arrays: nothing else gives them back
-                    if t.data is None:
+                    if t.ipc is not None:
+                        gpu_worker.give_back(t.token)
+                    elif t.data is None:
                         self.release_peer_region(t.segment, t.offset)
                 inputs = None
-                self.send_error(sink, "INVALID_ARG", str(exc))
+                self.send_error(sink, getattr(exc, "code", "INVALID_ARG"), str(exc))
                 if r.arrival_ns:
                     keys.failed_early.append(r.arrival_ns)
                 continue
             sink.regions = wire.arena_inputs(r.inputs, self.peer, inputs)
+            if r.device_outputs:
+                sink.device = r.device_outputs
             sink.sender = pb_utils.InferenceResponseSender(sink, self.decoupled, requested)
             request = pb_utils.InferenceRequest._server_side(  # positional: keywords cost per request
                 inputs, r.request_id, r.correlation_id, r.flags, r.requested_outputs or self.output_names,
                 r.parameters, self.model_name, self.model_version, sink.sender, sink.is_cancelled,
             )
+            if r.trace_context:  # traced: request.trace() names it, and BLS calls that pass it join it
+                request._trace = pb_utils.InferenceTrace(r.trace_context)
             requests.append(request)
             keys.append(r.key)
             keys.meta.append((r.arrival_ns, batch_size(r, self.max_batch_size)))
@@ -466,8 +477,8 @@ class Worker(InlineWaits):
         self._queue(message)
 
     def pack_tensor(self, tensor) -> messages.Tensor:
-        """A pb_utils.Tensor in message form (BLS inputs travel this way too)."""
-        return pack_tensor(tensor, self.arena)
+        """A pb_utils.Tensor in message form (BLS inputs travel this way too: a GPU one as an IPC handle)."""
+        return pack_tensor(tensor, self.arena, device=True)
 
     # ---- statistics and rescheduling (see kernel.core.stats, kernel.core.scheduling.sequence) ----
 
@@ -536,8 +547,7 @@ def main(argv=None) -> None:
     # The model sees an embedded interpreter's argv, as under Triton's stub: argparse or
     # unittest.main() in model code must not trip over the worker's own flags.
     sys.argv = [""]
-    # Ctrl-C reaches the whole process group; the front process decides when we stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hold_stop_signals()  # the front process decides when we stop (stop_signals.py)
     channel = socket.socket(fileno=args.channel_fd)
     fd_sock = socket.socket(fileno=args.fd_channel_fd)
     worker = Worker(

@@ -76,8 +76,13 @@ class BackendInstance(abc.ABC):
         """Let in-flight work finish (up to timeout), finalize the model, end the instance."""
 
 
+# Load parameters named "file:<path>" carry the files of the model folder to load (the repository
+# extension's load request): transports collect them for ModelControlHandle.load's `files`.
+FILE_PREFIX = "file:"
+
+
 class ModelControlHandle(Protocol):
-    """Model control as the core and backends see it (kernel.loading.control.ModelControl)."""
+    """Model control as the core, transports and backends see it (kernel.loading.control.ModelControl)."""
 
     async def load_startup_models(self) -> bool: ...
 
@@ -91,6 +96,11 @@ class ModelControlHandle(Protocol):
 
     async def is_ready(self, name: str, version: str = "") -> bool: ...
 
+    def validate_name(self, name: str) -> None:
+        """Raise KernelError (INVALID_ARG, Triton's words) for a name no model can have: a path, shell
+        characters, control characters, too long. For names that become models outside load()."""
+        ...
+
 
 class CoreHandle(Protocol):
     """Everything a backend may ask of the core.
@@ -102,6 +112,9 @@ class CoreHandle(Protocol):
 
     control: Optional[ModelControlHandle]
     custom_metrics: Any
+    # kernel.observe.trace.Tracer (None when not composed): a BLS call that passes its caller's
+    # trace context (InferenceRequest(trace=request.trace())) is traced as the caller's child.
+    tracer: Any
 
     def submit(self, request: InferRequest) -> None: ...
 
@@ -122,7 +135,9 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def load(self, source: ModelSource) -> list[BackendInstance]:
-        """Start every instance of a model version. Raises KernelError when the model cannot load."""
+        """Start every instance of a model version. Raises KernelError when the model cannot load.
+
+        Cancelled (a signal during start-up abandons the loads), it stops what it had started."""
 
     def default_model_filename(self) -> str:
         return "model.py"

@@ -1,4 +1,5 @@
-"""The response cache: Triton's `local` cache (`--cache-config local,size=BYTES`).
+"""The response cache: Triton's `local` cache (`--cache-config local,size=BYTES`); its `redis`
+cache, which several servers share, is kernel.core.cache_redis.
 
 A model opts in with `response_cache { enable: true }` in its config. The core
 looks a request up before it reaches the model's scheduler (Server.submit): a
@@ -58,12 +59,12 @@ class CacheConfigError(ValueError):
     """`--cache-config` names an unknown cache or gives a bad setting."""
 
 
-def create_cache(cache_config: dict[str, dict[str, str]]) -> Optional["ResponseCache"]:
+def create_cache(cache_config: dict[str, dict[str, str]]):
     """The server's response cache for `--cache-config` settings ({cache name: {setting: value}}).
 
-    None when no cache is configured. Only Triton's `local` cache exists here;
-    Triton loads other caches (redis) from shared libraries in
-    --cache-directory, which Kernel does not do.
+    None when no cache is configured; Triton's `local` cache, or its `redis` cache
+    (kernel.core.cache_redis, imported only then). Triton loads caches from shared
+    libraries in --cache-directory; Kernel has these two built in.
     """
     if not cache_config:
         return None
@@ -71,9 +72,13 @@ def create_cache(cache_config: dict[str, dict[str, str]]) -> Optional["ResponseC
         raise CacheConfigError(
             "only one cache can be configured; got " + ", ".join(repr(n) for n in sorted(cache_config)))
     name, settings = next(iter(cache_config.items()))
+    if name == "redis":
+        from kernel.core.cache_redis import RedisCache, parse_settings
+
+        return RedisCache(parse_settings(settings, CacheConfigError))
     if name != "local":
         raise CacheConfigError(
-            f"unable to find cache '{name}': Kernel has only the 'local' response cache "
+            f"unable to find cache '{name}': Kernel has the 'local' and 'redis' response caches "
             f"(it does not load libtritoncache_{name}.so)")
     unknown = sorted(set(settings) - {"size"})
     if unknown:
@@ -130,6 +135,13 @@ class ResponseCache:
         self.evictions = 0
         self.lookup_ns = 0  # hits and misses
         self.insertion_ns = 0
+        self.pending = 0  # lookups in progress (the redis cache's are asynchronous; these never are)
+
+    async def open(self) -> None:
+        """Nothing to connect to (the redis cache connects here)."""
+
+    async def close(self) -> None:
+        pass
 
     # ---- numbers for /metrics --------------------------------------------------
 

@@ -10,10 +10,13 @@ How the memory is opened is an injectable `IpcOpener`. Why: the real one needs C
 protocol handling, bounds checks and region lifetime above it are the same whatever opens the
 memory, so tests inject an opener whose "device memory" is host buffers and exercise all of it.
 
-Data path: an input is copied device -> host when the request is decoded and an output host ->
-device when its response arrives (one copy each way, the documented CPU copy path). Handing the
-worker the device pointer instead, so the bytes never visit host memory, is the GPU-only
-follow-up (it needs a GPU machine to build and measure).
+Data path, where the opener shares handles (CuPy: `shares_handles`): an input region is handed on
+as a kernel.core.device_memory.DeviceBuffer naming the client's own handle, so a worker opens the
+client's memory itself and the bytes reach execute on the GPU (or are copied to the host there,
+for a model that takes CPU inputs); a GPU output a worker made arrives as an IPC handle of its
+memory and is copied device to device into the output region. Otherwise (an opener that only
+reads and writes, as tests inject; a host output) an input is copied device -> host when the
+request is decoded and an output host -> device when its response arrives.
 
 Lifetime, as for system regions: unregistering drops the registry's hold on the mapping at once;
 a request in flight keeps its output windows (each holds the mapping) and lets go when it
@@ -23,10 +26,15 @@ memory that was closed under it.
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Optional, Protocol
 
+from kernel.core.device_memory import DeviceBuffer, copy_device_to_device
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.gpu import visible_gpu_ids
+
+log = logging.getLogger("kernel.core.cuda_shared_memory")
 
 # sizeof(cudaIpcMemHandle_t): what a register request's raw_handle must decode to.
 IPC_HANDLE_SIZE = 64
@@ -71,13 +79,14 @@ class _Mapping:
 class CudaRegion:
     """One registered CUDA region: [0, byte_size) of the client's allocation on `device_id`."""
 
-    __slots__ = ("name", "device_id", "byte_size", "mapping")
+    __slots__ = ("name", "device_id", "byte_size", "mapping", "handle")
 
-    def __init__(self, name: str, device_id: int, byte_size: int, mapping: _Mapping):
+    def __init__(self, name: str, device_id: int, byte_size: int, mapping: _Mapping, handle: bytes = b""):
         self.name = name
         self.device_id = device_id
         self.byte_size = byte_size
         self.mapping: Optional[_Mapping] = mapping
+        self.handle = handle  # the client's cudaIpcMemHandle_t: a worker opens the same memory with it
 
     def status(self) -> dict:
         """Triton's status entry (HTTP JSON and the gRPC RegionStatus use the same field names)."""
@@ -86,6 +95,14 @@ class CudaRegion:
     def read(self, at: int, nbytes: int) -> bytes:
         """A host copy of [at, at + nbytes) (an input); the caller has bounds-checked it."""
         return self.mapping.memory.read(at, nbytes) if nbytes else b""
+
+    def device_view(self, at: int, nbytes: int) -> DeviceBuffer:
+        """[at, at + nbytes) as a GPU tensor's buffer (an input that stays on the GPU); bounds-checked
+        by the caller. Its host copy, if anyone asks for one, reads through this registration's
+        mapping, which the buffer keeps open even if the region is unregistered meanwhile."""
+        mapping = self.mapping
+        return DeviceBuffer(self.handle, self.device_id, at, nbytes, f"CUDA shared memory region '{self.name}'",
+                            lambda buf: mapping.memory.read(buf.offset, buf.nbytes))
 
     def close(self) -> None:
         self.mapping = None
@@ -106,6 +123,15 @@ class CudaOutputWindow:
         data = memoryview(data).cast("B")
         if data.nbytes:
             self.mapping.memory.write(self.at, data)
+
+    def write_device(self, buf: DeviceBuffer) -> None:
+        """A GPU output (another process's memory): device to device where the memory can copy so,
+        else through the host."""
+        copy = getattr(self.mapping.memory, "copy_from_device", None)
+        if copy is None:
+            self.write(buf.to_host())
+        elif buf.nbytes:
+            copy(self.at, buf)
 
     def release(self) -> None:
         self.mapping = None
@@ -143,7 +169,12 @@ class CudaRegions:
                 + ("device_id must be >= 0" if device_id < 0 else "byte_size must be greater than 0"),
             )
         memory = self.opener.open(name, bytes(raw_handle), device_id, byte_size)
-        self._regions[name] = CudaRegion(name, device_id, byte_size, _Mapping(memory))
+        self._regions[name] = CudaRegion(name, device_id, byte_size, _Mapping(memory), bytes(raw_handle))
+
+    @property
+    def shares_handles(self) -> bool:
+        """Whether other processes can open the regions' handles (CuPy: yes; tests' host openers: no)."""
+        return bool(getattr(self.opener, "shares_handles", False))
 
     def unregister(self, name: str = "") -> None:
         """Forget one region ('' = all of them); an unknown name is not an error, as in Triton."""
@@ -173,6 +204,23 @@ class CupyIpcOpener:
     CuPy is imported on first use only (the optional extra `kernel-inference-server[gpu]`). Where
     there is no GPU, or no CuPy, registering answers a clear 400 instead of failing deep inside.
     """
+
+    _said_hip = False
+
+    @property
+    def shares_handles(self) -> bool:
+        """A worker can open the same handle (inputs reach it without a host copy): CuPy for CUDA,
+        loaded (a region was registered). A ROCm/HIP build of CuPy goes through the host."""
+        cupy = sys.modules.get("cupy")
+        if cupy is None:
+            return False
+        if getattr(cupy.cuda.runtime, "is_hip", False):
+            if not CupyIpcOpener._said_hip:
+                CupyIpcOpener._said_hip = True
+                log.warning("CUDA shared memory goes through host memory: CuPy is built for ROCm/HIP; GPU tensors "
+                            "cross processes as CUDA IPC handles only")
+            return False
+        return True
 
     def __init__(self, gpu_ids=visible_gpu_ids):
         self._gpu_ids = gpu_ids
@@ -234,6 +282,15 @@ class _CupyMemory:
         try:
             with self._cupy.cuda.Device(self.device_id):
                 runtime.memcpy(self.ptr + offset, host.ctypes.data, host.nbytes, runtime.memcpyHostToDevice)
+        except Exception as exc:  # noqa: BLE001 - CUDARuntimeError, answered as the response's error
+            raise KernelError(ErrorCode.INTERNAL, f"unable to write outputs into CUDA shared memory: {exc}") from None
+
+    def copy_from_device(self, offset: int, buf: DeviceBuffer) -> None:
+        """Copy a GPU tensor another process made (`buf`, by its IPC handle) into this region, device to device."""
+        try:
+            copy_device_to_device(self._cupy, self.ptr + offset, self.device_id, buf)
+        except KernelError:
+            raise
         except Exception as exc:  # noqa: BLE001 - CUDARuntimeError, answered as the response's error
             raise KernelError(ErrorCode.INTERNAL, f"unable to write outputs into CUDA shared memory: {exc}") from None
 

@@ -158,7 +158,9 @@ class Model:
     def _check_byte_size(self, t) -> None:
         raw = t._raw
         if raw is None:
-            return  # built from a numpy array: consistent by construction
+            if t.device is None:
+                return  # built from a numpy array: consistent by construction
+            raw = t.device  # a GPU tensor (never BYTES): len() is its size
         count = datatypes.element_count(t.shape)
         if t.datatype == "BYTES":
             try:

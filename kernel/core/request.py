@@ -17,16 +17,21 @@ from kernel.core.errors import KernelError, invalid_arg
 
 
 class InferTensor:
-    """A named tensor: datatype, shape and its bytes in wire form."""
+    """A named tensor: datatype, shape and its bytes in wire form.
 
-    __slots__ = ("name", "datatype", "shape", "_raw", "_array")
+    Or, for a GPU tensor passed on without a copy, `device`: a kernel.core.device_memory.DeviceBuffer
+    (where the bytes lie in GPU memory); `raw` then copies them to the host on first use.
+    """
 
-    def __init__(self, name: str, datatype: str, shape, raw=None, array: np.ndarray | None = None):
+    __slots__ = ("name", "datatype", "shape", "_raw", "_array", "device")
+
+    def __init__(self, name: str, datatype: str, shape, raw=None, array: np.ndarray | None = None, device=None):
         self.name = name
         self.datatype = datatype
         self.shape = tuple(shape)
         self._raw = raw
         self._array = array
+        self.device = device
 
     @classmethod
     def from_numpy(cls, name: str, array: np.ndarray, datatype: str | None = None) -> "InferTensor":
@@ -40,6 +45,9 @@ class InferTensor:
     def raw(self):
         """Bytes-like wire form of the data."""
         if self._raw is None:
+            if self.device is not None:  # a GPU tensor: copied to the host only now (KernelError if it is gone)
+                self._raw = self.device.to_host()
+                return self._raw
             arr = self._array
             if self.datatype == "BYTES":
                 self._raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
@@ -52,6 +60,8 @@ class InferTensor:
 
     @property
     def nbytes(self) -> int:
+        if self._raw is None and self.device is not None:
+            return self.device.nbytes
         return len(self.raw)
 
     def as_numpy(self) -> np.ndarray:
@@ -65,7 +75,7 @@ class InferTensor:
                 dtype = datatypes.datatype_to_numpy(self.datatype)
                 if dtype is None:
                     raise invalid_arg(f"datatype {self.datatype} has no numpy equivalent")
-                self._array = np.frombuffer(self._raw, dtype=dtype).reshape(self.shape)
+                self._array = np.frombuffer(self.raw, dtype=dtype).reshape(self.shape)
         return self._array
 
     def __repr__(self) -> str:
@@ -162,6 +172,7 @@ class InferRequest:
         "sched",
         "shm",
         "trace",
+        "device_outputs",
     )
 
     def __init__(
@@ -200,6 +211,9 @@ class InferRequest:
         self.shm: Any = None
         # kernel.observe.trace.Trace when this request was sampled for tracing (set by the transport).
         self.trace: Any = None
+        # Outputs whoever gets the responses can take in GPU memory, as CUDA IPC handles, not bytes
+        # (kernel.core.device_memory): None for none (the common case), ALL_OUTPUTS, or a set of names.
+        self.device_outputs: Any = None
 
     def input(self, name: str) -> Optional[InferTensor]:
         for t in self.inputs:

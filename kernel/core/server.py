@@ -25,7 +25,7 @@ from kernel.core.holding import HeldBytes
 from kernel.core.model import Model, ModelState, UnknownOutput
 from kernel.core.registry import ModelRegistry
 from kernel.core.request import InferRequest
-from kernel.core.shared_memory import SharedMemoryManager, route_through_windows
+from kernel.core.shared_memory import SharedMemoryManager, route_through_windows, take_device_inputs
 from kernel.core.transport import Transport, TransportStartError
 
 log = logging.getLogger("kernel.core.server")
@@ -93,6 +93,7 @@ class Server:
         # Ready only once every transport listens: a client that saw /v2/health/ready on HTTP
         # must find the gRPC port open too.
         self._listening = False
+        self._addresses: dict[Transport, str] = {}  # transports started, with the address each listens on
         # Observability (kernel.observe): custom metric families that models create
         # (metrics.CustomMetrics), what --metrics-config turns on (metrics.MetricsConfig), the log
         # settings of the logging extension (log.LogSettings) and the request tracer (trace.Tracer).
@@ -166,6 +167,8 @@ class Server:
         if not self.accepting:
             raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; new requests are not accepted")
         model = self.registry.get(request.model_name, request.model_version)
+        if request.shm is not None:
+            take_device_inputs(request)  # CUDA shared-memory inputs stay on the GPU
         try:
             model.validate(request)
         except UnknownOutput:
@@ -193,6 +196,8 @@ class Server:
     def in_flight(self) -> int:
         models = self.registry.all_models()
         queued = sum(m.scheduler.pending_count() for m in models if m.scheduler is not None)
+        if self.response_cache is not None:
+            queued += self.response_cache.pending  # waiting for a redis lookup, not scheduled yet
         return queued + sum(inst.in_flight for m in models for inst in m.instances)
 
     # ---- statistics ------------------------------------------------------------
@@ -251,45 +256,92 @@ class Server:
             m.state = ModelState.UNAVAILABLE
             if m.response_cache is not None:
                 m.response_cache.clear_model(m)
-            log.info("successfully unloaded '%s' version %d", m.name, m.version)
+            log.info("successfully unloaded '%s' version %d", m.name, m.version, extra=_unloaded(m))
 
     async def stop_versions(self, models: list[Model], timeout: float) -> None:
         await asyncio.gather(
             *(inst.stop(timeout) for m in models for inst in m.instances), return_exceptions=True
         )
 
-    def model_table(self) -> str:
+    def model_states(self) -> list[dict]:
+        """Every model version's state, the model table's rows as log event fields (model, version,
+        state, reason: kernel.observe.log.EVENT_FIELDS); the JSON log writes one event per row."""
         rows = []
         for name in sorted(self.registry.entries):
             e = self.registry.entries[name]
             if e.versions:
                 for v, m in sorted(e.versions.items()):
-                    rows.append((name, str(v), m.state.value if m.state is not ModelState.READY else "READY"))
+                    rows.append({"model": name, "version": v, "state": m.state.value})
             else:
-                rows.append((name, "-", f"UNAVAILABLE: {e.reason}" if e.reason else e.state.value))
+                row = {"model": name, "state": e.state.value}
+                if e.reason:
+                    row["reason"] = e.reason
+                rows.append(row)
+        return rows
+
+    def model_table(self) -> str:
+        """tritonserver's start-up table of models, versions and states."""
+        rows = [(r["model"], str(r.get("version", "-")),
+                 f"UNAVAILABLE: {r['reason']}" if r.get("reason") else r["state"]) for r in self.model_states()]
         return _table(("Model", "Version", "Status"), rows)
 
     # ---- lifecycle -------------------------------------------------------------
 
+    async def open(self) -> None:
+        """Before any model loads: listen where a transport can serve while models load, and check
+        the ports of the others.
+
+        So a taken port stops start-up in a second rather than after every model has loaded, and
+        /v2/health/live answers during a long load (readiness stays false until start_transports),
+        so a liveness probe does not kill the pod that is loading. tritonserver listens on nothing
+        before its models are loaded; its "Started <service> at <address>" lines still come after
+        the model table here (start_transports), when the server serves, since scripts wait for them.
+        """
+        self.live = True
+        for t in self.transports:
+            if t.serves_while_loading:
+                address = await self._start_transport(t)
+                log.info("%s listening at %s while models load (live, not ready)", t.service_name, address,
+                         extra={"service": t.service_name, "address": address})
+            else:
+                try:
+                    t.check_port()
+                except OSError as exc:
+                    raise TransportStartError(t, exc) from exc
+
     async def start(self) -> None:
         """Load what the model control mode loads at start-up, then follow the repositories."""
+        if self.response_cache is not None:
+            try:
+                await self.response_cache.open()  # the redis cache connects (and must answer) first
+            except RuntimeError as exc:
+                raise StartupError(str(exc)) from None
         self.live = True
         all_found = await self.control.load_startup_models()
         self._loaded = True
-        log.info(self.model_table())
+        log.info(self.model_table(), extra={"models": self.model_states()})
         failed = [e for e in self.registry.entries.values() if e.state is ModelState.UNAVAILABLE]
         if (failed or not all_found) and self.options.exit_on_error:
             raise StartupError("failed to load all models")
         self.control.start_polling()
 
     async def start_transports(self) -> None:
+        """Start the transports open() did not start; then the server serves (ready, when its models are)."""
         for t in self.transports:
-            try:
-                address = await t.start()
-            except OSError as exc:
-                raise TransportStartError(t, exc) from exc
-            log.info("Started %s at %s", t.service_name, address)
+            if t not in self._addresses:
+                await self._start_transport(t)
+        for t in self.transports:
+            log.info("Started %s at %s", t.service_name, self._addresses[t],
+                     extra={"service": t.service_name, "address": self._addresses[t]})
         self._listening = True
+
+    async def _start_transport(self, t: Transport) -> str:
+        try:
+            address = await t.start()
+        except OSError as exc:
+            raise TransportStartError(t, exc) from exc
+        self._addresses[t] = address
+        return address
 
     async def stop(self) -> None:
         """Graceful shutdown: refuse new work, drain in-flight requests, finalize models."""
@@ -312,6 +364,8 @@ class Server:
         remaining = self.in_flight()
         log.info("Timeout %d: Found %d in-flight requests", int(max(0, deadline - loop.time())), remaining)
         models = self.registry.all_models()
+        # Versions whose load was abandoned (a signal during start-up) were never loaded: nothing to report.
+        abandoned = {id(m) for m in models if m.state is ModelState.LOADING}
         for m in models:
             m.state = ModelState.UNLOADING
             if m.scheduler is not None:
@@ -322,7 +376,8 @@ class Server:
         )
         for m in models:
             m.state = ModelState.UNAVAILABLE
-            log.info("successfully unloaded '%s' version %d", m.name, m.version)
+            if id(m) not in abandoned:
+                log.info("successfully unloaded '%s' version %d", m.name, m.version, extra=_unloaded(m))
         for t in self.transports:
             try:
                 await t.close()
@@ -331,12 +386,19 @@ class Server:
         self.held_output.close()
         self.held_input.close()
         self.shared_memory.close()
+        if self.response_cache is not None:
+            await self.response_cache.close()
         if self.tracer is not None:
             await self.tracer.close()
         self.live = False
 
 
 _now_ns = time.monotonic_ns
+
+
+def _unloaded(model: Model) -> dict:
+    """The log event fields of an unloaded version (kernel.observe.log.EVENT_FIELDS)."""
+    return {"model": model.name, "version": model.version, "state": ModelState.UNAVAILABLE.value, "reason": "unloaded"}
 
 
 def _has_work(model: Model) -> bool:

@@ -21,7 +21,10 @@ them when it finishes, which closes it. So no write can ever reach a
 descriptor number that was closed and reused for something else.
 
 CUDA regions (kernel.core.cuda_shared_memory) live in the same namespace and go through the
-same bounds checks and window lifetime; only how their bytes are reached differs.
+same bounds checks and window lifetime; only how their bytes are reached differs. Where the IPC
+opener shares handles (CuPy), a CUDA input is a GPU tensor (`InferTensor.device`, see
+kernel.core.device_memory) rather than bytes, and outputs going to CUDA regions may come back as
+GPU tensors, copied device to device into the region.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import stat
 from typing import Optional
 
 from kernel.core.cuda_shared_memory import CudaOutputWindow, CudaRegion, CudaRegions, IpcOpener
+from kernel.core.device_memory import DeviceBuffer
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 
@@ -191,13 +195,17 @@ class SharedMemoryManager:
             )
         return region
 
-    def view(self, name: str, offset: int, byte_size: int) -> bytes:
+    def view(self, name: str, offset: int, byte_size: int) -> "bytes | DeviceBuffer":
         """A copy of the bytes [offset, offset + byte_size) of region `name` (an input), bounds-checked.
 
-        KernelError(INVALID_ARG) when the object no longer holds them (the client shrank it).
+        KernelError(INVALID_ARG) when the object no longer holds them (the client shrank it). A CUDA
+        region whose handle other processes can open gives a DeviceBuffer instead (no copy): the
+        server turns it into a GPU tensor when the request is submitted (take_device_inputs).
         """
         region = self._window(name, offset, byte_size)
         if isinstance(region, CudaRegion):
+            if self.cuda.shares_handles:
+                return region.device_view(offset, byte_size)
             return region.read(offset, byte_size)  # device -> host copy
         at = region.offset + offset
         data = os.pread(region.file.fd, byte_size, at) if byte_size else b""
@@ -231,8 +239,9 @@ class RequestWindows:
         self.held: list = []
 
     def hold(self, window):
-        """Keep an output window until the request ends (an input's bytes are a copy: nothing to hold)."""
-        if isinstance(window, (OutputWindow, CudaOutputWindow)):
+        """Keep an output window until the request ends (an input's bytes are a copy: nothing to hold;
+        a CUDA input left on the GPU is held so the request is marked as using shared memory)."""
+        if isinstance(window, (OutputWindow, CudaOutputWindow, DeviceBuffer)):
             self.held.append(window)
         return window
 
@@ -244,13 +253,30 @@ class RequestWindows:
         self.outputs = {}
 
 
+def take_device_inputs(request: InferRequest) -> None:
+    """Inputs read from CUDA regions as DeviceBuffers (SharedMemoryManager.view) become GPU tensors
+    (`InferTensor.device`); BYTES, which are read element by element, are copied to the host."""
+    for t in request.inputs:
+        raw = t._raw
+        if type(raw) is DeviceBuffer:
+            if t.datatype == "BYTES":
+                t._raw = raw.to_host()
+            else:
+                t._raw = None
+                t.device = raw
+
+
 def route_through_windows(request: InferRequest) -> None:
     """Wrap `request.on_response`: copy outputs into their windows, release the windows at the end.
 
-    An output that does not fit its window fails the response with Triton's message.
+    An output that does not fit its window fails the response with Triton's message. Outputs bound
+    for CUDA regions may come back as GPU tensors (request.device_outputs): copied device to device.
     """
     windows: RequestWindows = request.shm
     deliver = request.on_response
+    cuda = {name for name, slot in windows.outputs.items() if isinstance(slot, CudaOutputWindow)}
+    if cuda:
+        request.device_outputs = cuda if request.device_outputs is None else request.device_outputs
 
     def on_response(response: InferResponse) -> None:
         if response.error is None and response.outputs and windows.outputs:
@@ -274,8 +300,9 @@ def _place(response: InferResponse, slots: dict[str, OutputWindow]) -> InferResp
         if slot is None:
             outputs.append(t)
             continue
-        raw = memoryview(t.raw).cast("B")
-        n = raw.nbytes
+        device = t.device if t._raw is None else None
+        raw = None if device is not None else memoryview(t.raw).cast("B")
+        n = device.nbytes if device is not None else raw.nbytes
         if n > slot.nbytes:
             return _failed(
                 response,
@@ -283,7 +310,12 @@ def _place(response: InferResponse, slots: dict[str, OutputWindow]) -> InferResp
                 f"should be at least {n} bytes to hold the results",
                 ErrorCode.INVALID_ARG,  # the client's window is too small: a client error (Triton says 500)
             )
-        slot.write(raw)
+        if device is None:
+            slot.write(raw)
+        elif isinstance(slot, CudaOutputWindow):
+            slot.write_device(device)  # GPU to GPU: the bytes never visit the host
+        else:
+            slot.write(device.to_host())
         # The data now lives in the client's region; the response carries none.
         outputs.append(InferTensor(t.name, t.datatype, t.shape, raw=b""))
     response.outputs = outputs

@@ -195,6 +195,10 @@ class ModelStats:
         self.cache_miss_count += 1
         self.cache_miss_ns += lookup_and_insert_ns
 
+    def add_cache_insert_ns(self, insert_ns: int) -> None:
+        """The insertion time of a miss counted before its entry was stored (the redis cache's)."""
+        self.cache_miss_ns += insert_ns
+
     def record_failure(self, reason: str, duration_ns: int, count: int = 1) -> None:
         self.fail_count += count
         self.fail_ns += duration_ns

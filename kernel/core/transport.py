@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import abc
+import socket
 
 
 class Transport(abc.ABC):
     #: as tritonserver logs it, e.g. "HTTPService", "GRPCInferenceService"
     service_name: str = ""
+    #: Whether it may start before the models load (Server.open): it then answers liveness while a
+    #: long load runs, with readiness false. A transport whose start needs the models (a default
+    #: model that must exist) says False: it starts after loading, and only its port is checked before.
+    serves_while_loading: bool = True
 
     @abc.abstractmethod
     async def start(self) -> str:
@@ -26,6 +31,23 @@ class Transport(abc.ABC):
 
     async def close(self) -> None:
         """Cut whatever is still open: the exit timeout is spent (called after stop())."""
+
+    def check_port(self) -> None:
+        """Raise OSError when the port start() will listen on is taken (or the address is not this
+        machine's), without listening: the server checks before it loads any model, so that a
+        taken port is reported in a second instead of after a long load. Transports with an
+        `address` and a `port` (0: any port) are checked; others are not."""
+        address, port = getattr(self, "address", None), getattr(self, "port", None)
+        if not address or not port:
+            return
+        probe = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            # As the listeners bind: SO_REUSEADDR, so that only a socket that listens there (not one
+            # in TIME_WAIT) counts as taken.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((address, port))
+        finally:
+            probe.close()
 
 
 class TransportStartError(OSError):

@@ -46,6 +46,7 @@ from kernel.loading.files import (
     write_override_folder,
 )
 from kernel.core.registry import UNLOADED
+from kernel.observe.log import model_event
 
 if TYPE_CHECKING:
     from kernel.core.server import Server
@@ -284,6 +285,11 @@ class ModelControl:
         """pb_utils.is_model_ready: allowed in every mode."""
         return await self.server.model_ready(name, parse_version(version))
 
+    def validate_name(self, name: str) -> None:
+        """The model name rules (kernel.loading.names), for transports that name models themselves
+        (SageMaker's multi-model endpoint) and must not import the loading layer."""
+        validate_model_name(name)
+
     # ---- loading -------------------------------------------------------------------
 
     def _check_allowed(self) -> None:
@@ -384,13 +390,15 @@ class ModelControl:
                 if not live:
                     entry.state = ModelState.UNAVAILABLE
                     entry.reason = reason
-                log.error("failed to load '%s' version %d: %s", name, exc.version, reason)
+                log.error("failed to load '%s' version %d: %s", name, exc.version, reason,
+                          extra=model_event(name, ModelState.UNAVAILABLE.value, exc.version, reason))
                 raise KernelError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': version {exc.version} "
                                   f"is at UNAVAILABLE state: {reason};\n") from None
             if not live:
                 entry.state = ModelState.UNAVAILABLE
                 entry.reason = reason
-            log.error("failed to load '%s': %s", name, reason)
+            log.error("failed to load '%s': %s", name, reason, extra=model_event(name, ModelState.UNAVAILABLE.value,
+                                                                                 reason=reason))
             raise KernelError(ErrorCode.INVALID_ARG, f"load failed for model '{name}': {reason}\n") from None
         comparable = _comparable(config_pbtxt.config_to_dict(cfg))
         same_folder = tracked is not None and tracked.served is not None and fp is not None and tracked.path == md.path
@@ -414,7 +422,8 @@ class ModelControl:
                     del entry.versions[v]
                 if v in failures:
                     entry.unavailable[v] = failures[v]
-                    log.error("failed to load '%s' version %d: %s", name, v, failures[v])
+                    log.error("failed to load '%s' version %d: %s", name, v, failures[v],
+                              extra=model_event(name, ModelState.UNAVAILABLE.value, v, failures[v]))
             self._retire_in_background([m for v, m in fresh.items() if v not in failures])
             self._failed(name, entry, live, fp, md, explicit)
             if not live:
@@ -440,7 +449,7 @@ class ModelControl:
                 retired.append(old)
         entry.state = ModelState.READY
         entry.reason = ""
-        log.info("successfully loaded '%s'", name)
+        log.info("successfully loaded '%s'", name, extra=model_event(name, ModelState.READY.value))
         previous_folder = tracked.override_folder if tracked is not None else None
         self.tracked[name] = _Tracked(
             md.path, fp, fp, explicit or (tracked is not None and tracked.explicit), override is not None, folder

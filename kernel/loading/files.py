@@ -20,10 +20,10 @@ from typing import Optional
 from google.protobuf import text_format
 
 from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.backend import FILE_PREFIX
 from kernel.loading.names import printable
 from kernel.loading.repository import CONFIG_FILENAME, ModelDir
 
-FILE_PREFIX = "file:"
 
 # Written by Python itself when a worker imports model.py: not a change to the model.
 _IGNORED = frozenset({"__pycache__"})

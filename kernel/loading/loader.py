@@ -25,6 +25,7 @@ from kernel.core.scheduling.ensemble import wait_for_steps
 from kernel.loading import repository
 from kernel.loading.progress import load_progress
 from kernel.loading.warmup import has_warmup, run_warmup
+from kernel.observe.log import model_event
 
 if TYPE_CHECKING:
     from kernel.core.server import Server
@@ -69,7 +70,7 @@ class ModelLoader:
         results = await asyncio.gather(*(self._load_version(md, cfg, v) for v in versions))
         entry.state = ModelState.READY if any(results) else ModelState.UNAVAILABLE
         if entry.state is ModelState.READY:
-            log.info("successfully loaded '%s'", md.name)
+            log.info("successfully loaded '%s'", md.name, extra=model_event(md.name, ModelState.READY.value))
 
     async def complete_config(self, md: repository.ModelDir, config=None):
         cfg = repository.load_model_config(md) if config is None else _copy_config(config)
@@ -162,7 +163,7 @@ class ModelLoader:
 
     def new_model(self, md: repository.ModelDir, cfg, version: int) -> Model:
         """A model version, not started yet (state LOADING)."""
-        log.info("loading: %s:%d", md.name, version)
+        log.info("loading: %s:%d", md.name, version, extra=model_event(md.name, ModelState.LOADING.value, version))
         source = self._source(md, cfg, version)
         return Model(source, config_pbtxt.config_to_dict(cfg), platform=cfg.platform or cfg.backend)
 
@@ -202,7 +203,8 @@ class ModelLoader:
         if version is not None:
             entry.unavailable[version] = reason
         where = f"'{entry.name}'" if version is None else f"'{entry.name}' version {version}"
-        log.error("failed to load %s: %s", where, reason)
+        log.error("failed to load %s: %s", where, reason,
+                  extra=model_event(entry.name, ModelState.UNAVAILABLE.value, version, reason))
 
     # ---- one model folder at run time (SageMaker multi-model endpoints, PyTriton's bind) ----
 

@@ -14,6 +14,8 @@ import contextlib
 import logging
 import time
 
+from kernel.observe.log import model_event
+
 log = logging.getLogger("kernel.core.server")
 
 FIRST_S = 5.0
@@ -29,7 +31,8 @@ async def load_progress(name: str, version: int):
 
     def tick() -> None:
         nonlocal handle
-        log.info("still loading '%s' version %d (%d s)", name, version, round(time.monotonic() - started))
+        log.info("still loading '%s' version %d (%d s)", name, version, round(time.monotonic() - started),
+                 extra=model_event(name, "LOADING", version))
         handle = loop.call_later(EVERY_S, tick)
 
     handle = loop.call_later(FIRST_S, tick)

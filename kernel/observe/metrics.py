@@ -25,6 +25,7 @@ from typing import Iterable, Optional
 
 from kernel.core import stats as st
 from kernel.core.gpu import NvmlReader
+from kernel.core.scheduling import in_flight_count
 from kernel.observe.gpu_metrics import gpu_families
 from kernel.observe import cache_metrics
 from kernel.observe.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetrics
@@ -35,6 +36,14 @@ log = logging.getLogger("kernel.core.server")
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
 FIRST_RESPONSE_HISTOGRAM = "nv_inference_first_response_histogram_ms"
 DEFAULT_FIRST_RESPONSE_BUCKETS = (100.0, 500.0, 2000.0, 5000.0)
+# Kernel's own, kept with the first-response histogram (histogram_latencies=true): the time between
+# two responses of one request that carry data (a streaming model's tokens). Its buckets are a
+# streaming model's scale, milliseconds per token; model_metrics can set them as for the other family.
+INTER_RESPONSE_HISTOGRAM = "nv_inference_inter_response_histogram_ms"
+DEFAULT_INTER_RESPONSE_BUCKETS = (1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
+# Kernel's own gauge beside Triton's pending count: requests accepted and not finished (queued or
+# executing; a stream until its last response), what an autoscaler of streaming models scales on.
+INFLIGHT_GAUGE = "nv_inference_inflight_request_count"
 
 
 # (family, help) of Triton's per-model families, in registration order.
@@ -89,9 +98,12 @@ class MetricsConfig:
         if not (self.summary_latencies or self.histogram_latencies):
             return None
         buckets = DEFAULT_FIRST_RESPONSE_BUCKETS
+        inter_buckets = DEFAULT_INTER_RESPONSE_BUCKETS
         for control in model.config.model_metrics.metric_control:
             if control.metric_identifier.family == FIRST_RESPONSE_HISTOGRAM:
                 buckets = tuple(control.histogram_options.buckets)
+            elif control.metric_identifier.family == INTER_RESPONSE_HISTOGRAM:
+                inter_buckets = tuple(control.histogram_options.buckets)
             else:
                 log.warning(
                     "Metric family '%s' in 'metric_identifier' is not a customizable metric in Triton core.",
@@ -100,6 +112,7 @@ class MetricsConfig:
         return LatencyObserver(
             self.quantiles if self.summary_latencies else None,
             buckets if self.histogram_latencies else None,
+            inter_buckets,
         )
 
 
@@ -186,9 +199,13 @@ class ServerCollector:
         counters.update(cache_metrics.model_counters())
         pending = Metric("nv_inference_pending_request_count",
                          "Instantaneous number of pending requests awaiting execution per-model.", "gauge")
+        inflight = Metric(INFLIGHT_GAUGE, "Instantaneous number of requests accepted and not yet finished "
+                          "(queued or executing, a stream until its last response) per-model.", "gauge")
         load_time = Metric("nv_model_load_duration_secs", "Model load time in seconds", "gauge")
         first = (Metric(FIRST_RESPONSE_HISTOGRAM, "Duration from request to first response in milliseconds",
                         "histogram") if self.config.histogram_latencies else None)
+        gaps = (Metric(INTER_RESPONSE_HISTOGRAM, "Duration between two responses of a request that carry data, "
+                       "in milliseconds", "histogram") if self.config.histogram_latencies else None)
         summaries = ([Metric(name, doc, "summary") for name, doc in SUMMARIES]
                      if self.config.summary_latencies else None)
         for m in models:
@@ -208,17 +225,20 @@ class ServerCollector:
             scheduler = m.scheduler
             pending.add_sample("nv_inference_pending_request_count", labels,
                                scheduler.pending_count() if scheduler is not None else 0)
+            inflight.add_sample(INFLIGHT_GAUGE, labels, in_flight_count(m))
             load_time.add_sample("nv_model_load_duration_secs", labels, s.load_duration_s)
             observer = s.observer
             if observer is not None:
                 if first is not None and observer.first_response is not None:
                     add_histogram(first, FIRST_RESPONSE_HISTOGRAM, labels, observer.first_response)
+                if gaps is not None and observer.inter_response is not None:
+                    add_histogram(gaps, INTER_RESPONSE_HISTOGRAM, labels, observer.inter_response)
                 if summaries is not None and observer.summaries is not None:
                     for metric, summary in zip(summaries, observer.summaries):
                         add_summary(metric, metric.name, labels, summary)
         yield from (c for c in counters.values() if c.samples)
         yield from custom.collect((COUNTER,))
-        for g in (pending, load_time):
+        for g in (pending, inflight, load_time):
             if g.samples:
                 yield g
         yield from cache_metrics.server_gauges(getattr(self.server, "response_cache", None))
@@ -235,6 +255,8 @@ class ServerCollector:
         yield from custom.collect((GAUGE,))
         if first is not None and first.samples:
             yield first
+        if gaps is not None and gaps.samples:
+            yield gaps
         yield from custom.collect((HISTOGRAM,))
         if summaries is not None:
             yield from (s for s in summaries if s.samples)

@@ -18,6 +18,11 @@ Files are written by one background thread, never on the event loop.
 
 Nothing here runs for an untraced request: transports look at `Tracer.active`
 once per request and the core at `request.trace`.
+
+With `--trace-config mode=opentelemetry` the same sampling and timestamps become OpenTelemetry
+spans instead of file records (kernel.observe.otel, imported only in that mode): a request that
+carries a W3C traceparent is then traced whatever the rate and count (as tritonserver does), and
+a traced request hands its model a context (`request.trace()`) that BLS calls carry back.
 """
 
 from __future__ import annotations
@@ -129,7 +134,8 @@ class TraceSetting:
     """One effective setting (global or a model's), with its sampling counters and unwritten traces."""
 
     def __init__(self, level: TraceLevel, rate: int, count: int, log_frequency: int, file: TraceFile,
-                 specified: frozenset = frozenset()):
+                 specified: frozenset = frozenset(), otel=None):
+        self.otel = otel  # kernel.observe.otel.OtelExporter in OpenTelemetry mode, else None
         self.level = level
         self.rate = rate
         self.count = count  # remaining traces to take; -1: no limit
@@ -145,7 +151,7 @@ class TraceSetting:
             self.reason = "tracing is disabled"
         elif rate == 0:
             self.reason = "sample rate must be non-zero"
-        elif not file.path:
+        elif not file.path and otel is None:
             self.reason = "trace file name is not given"
         else:
             self.reason = ""
@@ -188,8 +194,18 @@ class TraceSetting:
             self.retired = True
             self._flush(indexed=self.log_frequency != 0)
 
-    def describe(self, mode: str) -> dict:
+    def describe(self, mode: str, otel_settings=()) -> dict:
         """The trace extension's `$trace_setting_response`, in tritonserver's field order."""
+        if self.otel is not None:
+            # OpenTelemetry mode: no file settings; the exporter's settings follow the mode.
+            doc = {"trace_level": level_names(self.level), "trace_rate": str(self.rate),
+                   "trace_count": str(self.count), "trace_mode": mode}
+            for key, value in otel_settings:
+                if key in doc:  # a repeated setting (resource): every value, in order
+                    doc[key] = [*(doc[key] if isinstance(doc[key], list) else [doc[key]]), value]
+                else:
+                    doc[key] = value
+            return doc
         return {
             "trace_level": level_names(self.level),
             "trace_rate": str(self.rate),
@@ -208,8 +224,17 @@ class Tracer:
         self._writer = _Writer()
         self._files: dict[str, TraceFile] = {}
         file = self._file(config.file)
-        self._default = TraceSetting(config.level, config.rate, config.count, config.log_frequency, file)
-        self._global = TraceSetting(config.level, config.rate, config.count, config.log_frequency, file)
+        #: The OpenTelemetry exporter (mode opentelemetry), else None: nothing of OpenTelemetry is loaded.
+        self.otel = None
+        self._otel_settings: list = []
+        if config.mode == "opentelemetry":
+            from kernel.observe.otel import OtelExporter, describe_settings
+
+            self.otel = OtelExporter(config.otel)
+            self._otel_settings = describe_settings(config.otel)
+        otel = self.otel
+        self._default = TraceSetting(config.level, config.rate, config.count, config.log_frequency, file, otel=otel)
+        self._global = TraceSetting(config.level, config.rate, config.count, config.log_frequency, file, otel=otel)
         self._models: dict[str, TraceSetting] = {}
         self._following: set[str] = set()  # models whose setting inherits some global fields
         #: Whether any setting may sample: transports look at this before anything else.
@@ -223,21 +248,51 @@ class Tracer:
         return f
 
     def _refresh(self) -> None:
-        self.active = self._global.valid or any(s.valid for s in self._models.values())
+        settings = (self._global, *self._models.values())
+        self.active = any(s.valid for s in settings) or (
+            # OpenTelemetry: requests with a propagated context are traced even at rate 0.
+            self.otel is not None and any(s.level for s in settings))
+
+    def context(self, headers) -> Optional[tuple[str, str]]:
+        """The W3C (traceparent, tracestate) of a traced request's headers or gRPC metadata in
+        OpenTelemetry mode; None otherwise. Transports call it only while `active`."""
+        if self.otel is None or headers is None:
+            return None
+        from kernel.observe.otel import header_context
+
+        return header_context(headers)
 
     # ---- sampling --------------------------------------------------------------
 
-    def sample(self, model_name: str) -> Optional["Trace"]:
-        """A new trace for a request to `model_name` when its setting picks this one, else None."""
+    def sample(self, model_name: str, context: Optional[tuple[str, str]] = None) -> Optional["Trace"]:
+        """A new trace for a request to `model_name` when its setting picks this one, else None.
+
+        `context`: the request's W3C (traceparent, tracestate) (see `context`); in OpenTelemetry mode
+        a valid one is traced regardless of the rate and count, and parents the request's spans.
+        """
         setting = self._models.get(model_name, self._global)
+        otel = setting.otel
+        if otel is not None and context is not None and setting.level:
+            parent = otel.parse(context)
+            if parent is not None:
+                return otel.start_root(Trace(next(_ids), setting), parent)
         if setting.sample():
-            return Trace(next(_ids), setting)
+            trace = Trace(next(_ids), setting)
+            return otel.start_root(trace, None) if otel is not None else trace
         return None
+
+    def bls_trace(self, context: str) -> Optional["Trace"]:
+        """The trace of a BLS request a model made with `trace=request.trace()`: a child of the
+        calling request's trace (OpenTelemetry mode), or None when the context names none."""
+        otel = self.otel
+        if otel is None or not context or not self.active:
+            return None
+        return otel.continue_trace(context, lambda: Trace(next(_ids), self._global))
 
     # ---- the trace extension -------------------------------------------------------
 
     def describe(self, model_name: str = "") -> dict:
-        return self._models.get(model_name, self._global).describe(self.mode)
+        return self._models.get(model_name, self._global).describe(self.mode, self._otel_settings)
 
     def update(self, model_name: str, update: TraceUpdate) -> None:
         """Apply a trace-setting request (global when model_name is ''); raises KernelError."""
@@ -277,7 +332,7 @@ class Tracer:
             # The trace file is never set per model, so a model setting always inherits something.
             self._following.add(model_name)
         setting = TraceSetting(values["level"], values["rate"], values["count"], values["log_frequency"],
-                               fallback.file, frozenset(specified))
+                               fallback.file, frozenset(specified), otel=self.otel)
         if not setting.valid and setting.level:
             raise invalid_setting(f"Attempting to set invalid trace setting :{setting.reason}")
         if model_name:
@@ -296,6 +351,8 @@ class Tracer:
         for f in self._files.values():
             f.close()
         await asyncio.to_thread(self._writer.join)
+        if self.otel is not None:
+            await asyncio.to_thread(self.otel.close)
 
 
 # ---------------------------------------------------------------- one traced request
@@ -313,7 +370,11 @@ class Trace:
     """
 
     __slots__ = ("id", "parent_id", "setting", "model_name", "model_version", "request_id", "stamps",
-                 "tensors", "holds", "root", "children")
+                 "tensors", "holds", "root", "children",
+                 # OpenTelemetry mode (kernel.observe.otel): the trace's id, this request's model span,
+                 # the span that span hangs under, the top-level InferRequest span (root from a
+                 # transport only), the caller's span from a traceparent, and its tracestate.
+                 "trace_id", "span_id", "parent_span", "top_span", "remote_parent", "trace_state")
 
     def __init__(self, trace_id: int, setting: TraceSetting, parent: Optional["Trace"] = None):
         self.id = trace_id
@@ -325,8 +386,17 @@ class Trace:
         self.request_id = ""
         self.stamps: list[tuple[str, int]] = []
         self.tensors: list[str] = []
-        self.children: list[str] = []  # finished child traces' records (ensemble steps), root only
+        self.children: list = []  # finished child traces' records (ensemble steps), root only
         self.holds = 1
+        if parent is not None and parent.span_id:  # OpenTelemetry: a step's model span hangs under its caller's
+            self.trace_id = parent.trace_id
+            self.span_id = setting.otel.new_span_id()
+            self.parent_span = parent.span_id
+            self.trace_state = parent.trace_state
+        else:
+            self.trace_id = self.span_id = self.parent_span = 0
+            self.trace_state = ""
+        self.top_span = self.remote_parent = 0
 
     def stamp(self, name: str, ns: int = 0) -> None:
         self.stamps.append((name, ns or _now()))
@@ -338,8 +408,17 @@ class Trace:
         self.holds -= 1
         if self.holds > 0:
             return
-        records = self.records()
         root = self.root
+        otel = self.setting.otel
+        if otel is not None:  # OpenTelemetry: the whole tree is turned into spans once the root is done
+            otel.live.pop(self.span_id, None)
+            if root is self:
+                otel.submit(self)
+            else:
+                root.children.append(self)
+                root.release()
+            return
+        records = self.records()
         if root is self:
             if self.children:
                 records = ",".join([r for r in (records, *self.children) if r])
@@ -354,6 +433,12 @@ class Trace:
         """A trace for a request this one spawns (an ensemble step), written together with its root."""
         self.root.hold()
         return Trace(next(_ids), self.setting, self)
+
+    def context(self) -> str:
+        """The trace context a model sees as `request.trace().get_context()` ('' outside OpenTelemetry
+        mode); a BLS call that hands it back becomes a child of this trace (Tracer.bls_trace)."""
+        otel = self.setting.otel
+        return otel.context_of(self) if otel is not None else ""
 
     # ---- what the core records -----------------------------------------------------
 

@@ -8,15 +8,21 @@ The tracer that applies them to requests is kernel.observe.trace.
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from kernel.core.errors import ErrorCode, KernelError
 
+log = logging.getLogger("kernel.observe.trace")
+
 MIN_COUNT = -1
 UINT32_MAX = 2**32 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-TRACE_MODES = ("triton",)  # "opentelemetry" is refused at start-up
+TRACE_MODES = ("triton", "opentelemetry")
+# The batch span processor's settings (--trace-config opentelemetry,<name>=<n>), in the order
+# tritonserver lists those not given after those given.
+BSP_SETTINGS = ("bsp_max_export_batch_size", "bsp_schedule_delay", "bsp_max_queue_size")
 
 
 class TraceLevel(enum.IntFlag):
@@ -42,6 +48,9 @@ class TraceConfig:
     log_frequency: int = 0
     file: str = ""
     mode: str = "triton"
+    # --trace-config opentelemetry,<setting>=<value> in the order given (url, resource, bsp_*, and
+    # any other name, which tritonserver keeps and shows too); bsp_* values already parsed.
+    otel: tuple[tuple[str, str], ...] = ()
 
 
 class _Clear:
@@ -150,19 +159,42 @@ def config_from_flags(trace_config: list[str], file: Optional[str] = None, level
                     )
         except TraceConfigError as exc:
             raise TraceConfigError(f'Bad option: "--trace-config {setting}". {exc}') from None
-    if mode != "triton":
-        raise TraceConfigError(f"trace mode '{mode}' is not supported by Kernel yet (only 'triton')")
-    for setting, value in groups.get("triton", []):
-        if setting in ("file", "log-frequency"):
-            values[setting] = value
+    otel: list[tuple[str, str]] = []
+    if mode == "opentelemetry":
+        # tritonserver ignores the Triton-mode file settings in this mode, warning about the old flags.
+        if file is not None:
+            log.warning("'--trace-file' is deprecated and will be ignored with opentelemetry tracing mode.")
+        if log_frequency is not None:
+            log.warning("'--trace-log-frequency' is deprecated and will be ignored with opentelemetry tracing mode.")
+        for setting, value in groups.get("opentelemetry", []):
+            if setting in BSP_SETTINGS:
+                try:
+                    value = str(_cli_uint32(value))
+                except TraceConfigError as exc:
+                    raise TraceConfigError(f'Bad option: "--trace-config opentelemetry,{setting}".\n{exc}') from None
+            otel.append((setting, value))
+    else:
+        for setting, value in groups.get("triton", []):
+            if setting in ("file", "log-frequency"):
+                values[setting] = value
     return TraceConfig(
         level=TraceLevel.OFF if disabled else level,
         rate=_cli_int(values["rate"], 0, "trace rate") if values["rate"] is not None else 1000,
         count=_cli_int(values["count"], MIN_COUNT, "trace count") if values["count"] is not None else -1,
         log_frequency=(_cli_int(values["log-frequency"], 0, "trace log frequency")
-                       if values["log-frequency"] is not None else 0),
-        file=values["file"] or "",
+                       if values["log-frequency"] is not None and mode == "triton" else 0),
+        file=(values["file"] or "") if mode == "triton" else "",
+        mode=mode,
+        otel=tuple(otel),
     )
+
+
+def _cli_uint32(value: str) -> int:
+    """A batch span processor number as tritonserver reads it: an integer, a negative one wrapping to uint32."""
+    try:
+        return int(value.strip()) & UINT32_MAX
+    except ValueError:
+        raise TraceConfigError(f"Invalid option value. Got {value}") from None
 
 
 # ---------------------------------------------------------------- parsing request values
@@ -263,3 +295,18 @@ def update(server, model_name: str, change: "TraceUpdate") -> dict:
     server.tracer.update(model_name, change)
     return server.tracer.describe(model_name)
 
+
+
+def settings_json(doc: dict) -> bytes:
+    """A `$trace_setting_response` as tritonserver's HTTP endpoint writes it: a setting given more than
+    once (opentelemetry,resource=...) appears once per value, as repeated keys."""
+    import msgspec
+
+    encode = msgspec.json.encode
+    parts = []
+    for key, value in doc.items():
+        if key != "trace_level" and isinstance(value, list):
+            parts.extend(encode(key) + b":" + encode(v) for v in value)
+        else:
+            parts.append(encode(key) + b":" + encode(value))
+    return b"{" + b",".join(parts) + b"}"

@@ -15,7 +15,7 @@ import importlib.util
 import logging
 import os
 import re
-import signal
+import stat
 import sys
 from pathlib import Path
 from typing import Optional
@@ -29,7 +29,8 @@ from kernel.serve.flags import (
 )
 from kernel import __version__
 from kernel.observe.log import LOG_FORMATS, LogSettings
-from kernel.serve.startup import expected_workers, service_failure
+from kernel.serve.startup import expected_workers, run, stop_on_signals
+from kernel.serve import openai_api
 
 # The server itself (kernel.core.server, the config and loading code, numpy, protobuf) is imported
 # by the functions that use it, not here: `main` first starts the standby workers
@@ -181,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="Kernel only: seconds a client has to send a request's headers (408 past it)")
     a("--http-body-timeout-secs", type=parse_float, default=60.0,
       help="Kernel only: seconds a request body may pause before the connection is closed")
+    openai_api.add_flags(a)
 
     a = flag_adder(g["GRPC"])
     a("--allow-grpc", type=parse_bool, default=not vertex_prediction,
@@ -254,7 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = flag_adder(g["Tracing"])
     a("--trace-config", action="append", default=[], metavar="[<mode>,]<setting>=<value>",
-      help="rate, level, count, mode; triton,file / triton,log-frequency (repeatable)")
+      help="rate, level, count, mode (triton or opentelemetry); triton,file / triton,log-frequency; "
+           "opentelemetry,url / resource / bsp_max_queue_size / bsp_schedule_delay / bsp_max_export_batch_size "
+           "(repeatable)")
 
     a = flag_adder(g["Backend"])
     a("--backend-directory", default=str(DEFAULT_BACKEND_DIRECTORY),
@@ -265,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = flag_adder(g["Response Cache"])
     a("--cache-config", action="append", default=[], metavar="<cache name>,<setting>=<value>",
-      help="the response cache: local,size=<bytes> (repeatable)")
+      help="the response cache: local,size=<bytes>, or redis,host=<host> and redis,port=<port> (also user, "
+           "password, db, connect_timeout, socket_timeout, pool_size, wait_timeout, cert, key, cacert, "
+           "cacert_dir) (repeatable)")
 
     a = flag_adder(g["DEPRECATED"])
     a("--response-cache-byte-size", type=parse_int64, default=None,
@@ -351,6 +357,25 @@ def _check_local(path: str) -> None:
         )
 
 
+def _check_repository(path: Path) -> None:
+    """A model repository that is missing, or a file, or unreadable stops start-up naming which.
+
+    tritonserver 2.51 says `Internal - failed to stat file /nope` for a path that does not exist and
+    `Invalid argument - repository path is not a valid directory` for a file; Kernel keeps those
+    words and adds what was found, and the path."""
+    from kernel.core.server import StartupError
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise StartupError(f"Internal - failed to stat file {path}: the model repository does not exist") from None
+    except OSError as exc:
+        raise StartupError(f"Internal - failed to stat file {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise StartupError(f"Invalid argument - repository path is not a valid directory: '{path}' is not a "
+                           "directory")
+
+
 def _parse_metrics_config(values: list[str]) -> dict[str, str]:
     """--metrics-config summary_latencies=true, each value already checked by parse_metrics_setting."""
     out: dict[str, str] = {}
@@ -418,8 +443,7 @@ def build_server(args) -> "Server":
     check_ports(args)
     repos = [Path(r) for r in paths]
     for r in repos:
-        if not r.is_dir():
-            raise StartupError(f"failed to stat model repository path '{r}': not a directory")
+        _check_repository(r)
     backend_config = _parse_backend_config(args.backend_config)
     try:
         trace_config = config_from_flags(
@@ -507,6 +531,9 @@ def build_server(args) -> "Server":
                               args.vertex_ai_default_model, restricted=http_restricted or None,
                               max_json_output_size=args.http_max_json_output_size)
         )
+    openai = openai_api.openai_transport(server, args, http_restricted or None)
+    if openai is not None:
+        server.transports.append(openai)
     try:
         http_limits = Http1Limits(args.http_max_header_size, args.http_header_timeout_secs, args.http_body_timeout_secs)
     except ValueError as exc:
@@ -520,60 +547,31 @@ def build_server(args) -> "Server":
 async def serve(args) -> int:
     from kernel.backends.python import standby
 
-    # First, before the imports below (~0.3 s): the workers the repository will need start now and
+    # Signals first: a Ctrl-C or SIGTERM from here on stops the server, however far start-up is.
+    stop = stop_on_signals()
+    # Then, before the imports below (~0.3 s): the workers the repository will need start now and
     # import numpy & co. on the other cores while the front imports the server.
     await standby.prestart(expected_workers(args))
     try:
-        return await _serve(args)
+        return await _serve(args, stop)
     finally:
         standby.release()
 
 
-async def _serve(args) -> int:
-    from kernel.backends.python import standby
-    from kernel.core.server import StartupError
-    from kernel.core.transport import TransportStartError
+async def _serve(args, stop: asyncio.Event) -> int:
     server = build_server(args)
     remote = None
     if args.allow_remote_binding:  # PyTriton's remote binding (the callable backend, msgspec, protobuf)
         from kernel.serve.remote import remote_binding_host
 
         remote = remote_binding_host(server, args)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await server.start()
-        standby.release()  # start-up loading is over: the standbys nobody took exit
-        await server.start_transports()
-        if remote is not None:
-            await remote.start()
-    except TransportStartError as exc:
-        log.error("%s", service_failure(exc))
-        await server.stop()
-        return 1
-    except (StartupError, OSError) as exc:
-        if str(exc).startswith("failed to start "):  # a service refused its settings, e.g. Vertex AI's
-            log.error("%s", exc)
-        else:
-            log.error("error: creating server: %s", exc)
-        await server.stop()
-        return 1
-    await stop.wait()
-    log.info("Received signal, shutting down")
-    if remote is not None:
-        remote.stop_listening()
-    await server.stop()
-    if remote is not None:
-        await remote.close()
-    return 0
+    return await run(server, remote, stop)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     server_log.configure(args.log_verbose, args.log_info, args.log_warning, args.log_error,
-                         args.log_format, args.log_file)
+                         args.log_format, args.log_file, role=server_log.SERVE)
     for flag in args.no_effect:
         log.warning("%s is accepted for compatibility with tritonserver and has no effect in Kernel", flag)
     problem = _check_model_control(args)

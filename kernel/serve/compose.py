@@ -9,7 +9,7 @@ in-process server), since which ones run depends on flags.
 from __future__ import annotations
 
 from kernel.core.backend import Backend
-from kernel.core.server import Server, ServerOptions
+from kernel.core.server import Server, ServerOptions, StartupError
 from kernel.loading.control import ModelControl
 from kernel.loading.loader import ModelLoader
 from kernel.observe.log import LogSettings
@@ -25,6 +25,9 @@ def compose_server(options: ServerOptions, backends: dict[str, Backend]) -> Serv
     server.custom_metrics = CustomMetrics()
     server.metrics_config = MetricsConfig(options.metrics_config)
     server.log_settings = options.log or LogSettings(verbose=options.log_verbose)
-    server.tracer = Tracer(options.trace or TraceConfig())
+    try:
+        server.tracer = Tracer(options.trace or TraceConfig())
+    except RuntimeError as exc:  # opentelemetry mode without the SDK installed
+        raise StartupError(str(exc)) from None
     server.control = ModelControl(server, ModelLoader(server))
     return server

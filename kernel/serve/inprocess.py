@@ -59,8 +59,10 @@ class InProcessServer:
     def start(self, timeout: float = 120.0) -> None:
         """Start serving; raise what made start-up fail (StartupError, OSError for a taken port...)."""
         args = self.args
+        # Kernel runs inside the user's program: its records go through the program's logging
+        # (logging.basicConfig(...) formats them); Kernel writes them itself only until that is configured.
         server_log.configure(args.log_verbose, args.log_info, args.log_warning, args.log_error,
-                             args.log_format, args.log_file)
+                             args.log_format, args.log_file, role=server_log.EMBEDDED)
         for flag in args.no_effect:
             log.warning("%s is accepted for compatibility with tritonserver and has no effect in Kernel", flag)
         self._thread = threading.Thread(target=self._main, name="kernel-server", daemon=True)
@@ -117,6 +119,7 @@ class InProcessServer:
             self.server = cli.build_server(self.args)
             if self._prepare is not None:
                 self._prepare(self.server)
+            await self.server.open()  # listen (live) and check every port before the repository loads
             await self.server.start()
             await self.server.start_transports()
         except BaseException as exc:  # noqa: BLE001 - reported to the thread that called start()

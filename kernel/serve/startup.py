@@ -1,4 +1,5 @@
-"""Helpers of `kernel serve`'s start-up (cli.serve): the standby workers to start, service failures.
+"""`kernel serve`'s run (cli.serve): start-up as a task a signal can abandon, the standby workers
+to start, service failures.
 
 Apart from cli.py, which is near the size limit, and importing nothing heavy: cli.serve starts the
 standby workers (backends/python/standby.py) before it imports the server, so that the workers'
@@ -7,8 +8,13 @@ imports overlap the front's.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import logging
+import signal
 from pathlib import Path
+
+log = logging.getLogger("kernel.core.server")
 
 # tritonserver's name of each service in its "failed to start <name> service: ..." line.
 SERVICE_NAMES = {"HTTPService": "HTTP", "GRPCInferenceService": "GRPC", "Metrics Service": "Metrics",
@@ -38,3 +44,80 @@ def expected_workers(args) -> int:
         names = set(args.load_model)
     repositories = [Path(p) for p in (args.model_repository or []) if "://" not in p]
     return standby.estimate(repositories, args.model_config_name or "", names)
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT and SIGTERM, each logged when it arrives (not when a load finishes)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def received(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("Received signal %d (%s), shutting down", sig, sig.name)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, received, sig)
+    return stop
+
+
+async def run(server, remote, stop: asyncio.Event) -> int:
+    """Start `server` (and the remote-binding host), serve until `stop` is set, stop; the exit status.
+
+    Start-up runs as a task, so that a signal during a long model load abandons it: the loads are
+    cancelled (the backend stops the workers it was starting) and the server stops at once, where
+    it used to finish every load and start every listener first.
+    """
+    from kernel.core.server import StartupError
+    from kernel.core.transport import TransportStartError
+
+    startup = asyncio.ensure_future(_start(server, remote))
+    signalled = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((startup, signalled), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        signalled.cancel()
+    if not startup.done():
+        startup.cancel()
+        await asyncio.gather(startup, return_exceptions=True)
+        loading = sorted(f"'{m.name}' version {m.version}" for m in server.registry.all_models()
+                         if m.state.value == "LOADING")
+        if loading:
+            log.info("start-up interrupted: stopped loading %s", ", ".join(loading))
+        await _stop(server, remote)
+        return 0
+    try:
+        startup.result()
+    except TransportStartError as exc:
+        log.error("%s", service_failure(exc))
+        await server.stop()
+        return 1
+    except (StartupError, OSError) as exc:
+        if str(exc).startswith("failed to start "):  # a service refused its settings, e.g. Vertex AI's
+            log.error("%s", exc)
+        else:
+            log.error("error: creating server: %s", exc)
+        await server.stop()
+        return 1
+    await stop.wait()
+    await _stop(server, remote)
+    return 0
+
+
+async def _start(server, remote) -> None:
+    from kernel.backends.python import standby
+
+    await server.open()  # listen (live) and check every port before any model loads
+    await server.start()
+    standby.release()  # start-up loading is over: the standbys nobody took exit
+    await server.start_transports()
+    if remote is not None:
+        await remote.start()
+
+
+async def _stop(server, remote) -> None:
+    if remote is not None:
+        remote.stop_listening()
+    await server.stop()
+    if remote is not None:
+        await remote.close()

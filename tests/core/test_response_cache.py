@@ -196,7 +196,7 @@ def test_deprecated_byte_size_flag_turns_on_the_local_cache(start_kernel):
 
 @pytest.mark.parametrize("flag, message", [
     ("local", "No cache specified. --cache-config option format is <cache name>,<setting>=<value>. Got local"),
-    ("redis,host=localhost", "unable to find cache 'redis'"),
+    ("memcached,host=localhost", "unable to find cache 'memcached'"),
     ("local,size=abc", "Failed to initialize LocalCache"),
 ])
 def test_bad_cache_config_stops_the_server(flag, message):

@@ -194,6 +194,8 @@ def test_serving_runtime():
     assert spec["annotations"]["prometheus.kserve.io/path"] == "/metrics"
     assert c["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
     assert c["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
+    # Without a startup probe, liveness alone decides while models load (tests/deploy/test_probes.py).
+    assert c["startupProbe"]["httpGet"] == {"path": "/v2/health/live", "port": 8080}
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] and sc["runAsUser"] != 0 and sc["capabilities"]["drop"] == ["ALL"]
     assert sc["allowPrivilegeEscalation"] is False
@@ -287,7 +289,7 @@ def test_chart_deployment(case):
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
     assert [int(flag(c["args"], f"--{n}-port")) for n in ("http", "grpc", "metrics")] == [8000, 8001, 8002]
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert c["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["startupProbe"]["httpGet"]["path"] == "/v2/health/live"  # answered while models load
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     ann = pod["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/port"] == "8002"

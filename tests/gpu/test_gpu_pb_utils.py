@@ -1,6 +1,6 @@
 """pb_utils' GPU-facing API on a machine without a GPU (and without CuPy).
 
-What a model can do here: host tensors say is_cpu(); DLPack producers on a CUDA or other device
+What a model can do here (every test runs on any machine; a GPU one hides CuPy where it must): host tensors say is_cpu(); DLPack producers on a CUDA or other device
 get a clear TritonModelException instead of a crash; PreferredMemory(TRITONSERVER_MEMORY_GPU, id)
 is accepted by a BLS InferenceRequest; a GPU array in a response is copied to the host through
 its own `get()` (checked with a stand-in exposing the CUDA array interface, as CuPy arrays do).
@@ -9,7 +9,7 @@ FORCE_CPU_ONLY_INPUT_TENSORS is read as Triton reads it.
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import numpy as np
 import pytest
@@ -20,9 +20,6 @@ from kernel.backends.python.backend import force_cpu_only_input_tensors
 from kernel.backends.python.responses import host_array
 from kernel.core.errors import KernelError
 from kernel.protos import model_config_pb2 as mc
-
-NO_CUPY = importlib.util.find_spec("cupy") is None
-
 
 class DeviceProducer:
     """A DLPack producer whose memory is on another device (what torch/CuPy CUDA tensors report)."""
@@ -45,8 +42,10 @@ def test_host_tensors_are_cpu():
     assert back.is_cpu() and np.array_equal(back.as_numpy(), t.as_numpy())
 
 
-@pytest.mark.skipif(not NO_CUPY, reason="CuPy is installed: the GPU path is test_on_gpu.py's")
-def test_cuda_dlpack_without_a_gpu_is_a_clear_error():
+def test_cuda_dlpack_without_a_gpu_is_a_clear_error(monkeypatch):
+    # As on a machine without CuPy, also where CuPy is installed (a GPU machine): `import cupy`
+    # raises ImportError while sys.modules holds None for it.
+    monkeypatch.setitem(sys.modules, "cupy", None)
     with pytest.raises(pb_utils.TritonModelException) as info:
         pb_utils.Tensor.from_dlpack("x", DeviceProducer(2))  # kDLCUDA
     assert "allocated on GPU device, when GPU is not available" in str(info.value)

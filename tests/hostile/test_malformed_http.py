@@ -1,7 +1,7 @@
 """Malformed KServe v2 JSON requests: each is a 400 naming the problem, and the server carries on.
 
 Issue 14, items 1, 2 and 12. The messages are real Triton 2.51's (checked with
-/work/shared/bench/anchors.sh); where Triton answers 500 for a client's mistake we answer 400.
+`python benchmarks/peers.py triton`); where Triton answers 500 for a client's mistake we answer 400.
 """
 
 from __future__ import annotations

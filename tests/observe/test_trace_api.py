@@ -380,7 +380,6 @@ def test_trace_file_is_written_at_shutdown(start_kernel, tmp_path):
     "flags, message",
     [
         (["--trace-config", "level=LOUD"], "invalid value for trace level option: LOUD"),
-        (["--trace-config", "mode=opentelemetry"], "trace mode 'opentelemetry' is not supported by Kernel yet"),
         (["--trace-config", "jaeger,url=x"], "invalid value for trace mode option: jaeger"),
         (["--trace-config", "rate"], "--trace-config option format is '<trace mode>,<setting>=<value>'. Got rate"),
         (["--trace-rate", "often"], "Invalid option value. Got often"),

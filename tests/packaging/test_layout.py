@@ -184,6 +184,52 @@ def test_no_import_cycles(graph):
     assert cycles == []
 
 
+# What each plug layer may import from the layers below it (ARCHITECTURE.md, "Plug interfaces are
+# narrow"): a transport turns its wire format into core requests and reaches model control through
+# the server (`server.control`, kernel.core.backend.ModelControlHandle); a backend uses what
+# CoreHandle lists. Neither imports the loader, model control or config.pbtxt internals
+# (kernel.loading, kernel.config), which are composition's to attach. Observability is theirs to
+# report into; PyTriton's Request type is what the callable backend hands a bound callable.
+PLUG_IMPORTS = {
+    "kernel.transports": {"kernel.core", "kernel.protos", "kernel.observe"},
+    "kernel.backends": {"kernel.core", "kernel.protos", "kernel.observe", "kernel.proxy",
+                        "triton_python_backend_utils"},
+}
+
+
+def _plug_violations(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, targets in graph.items():
+        plug = next((p for p in PLUG_IMPORTS if module == p or module.startswith(p + ".")), None)
+        if plug is None:
+            continue
+        for target in targets:
+            if target in SHARED or target == plug or target.startswith(plug + "."):
+                continue
+            if not any(target == a or target.startswith(a + ".") for a in PLUG_IMPORTS[plug]):
+                wrong.append(f"{module} -> {target}")
+    return sorted(wrong)
+
+
+def test_transports_and_backends_reach_loading_through_the_server(graph):
+    assert _plug_violations(graph) == []
+
+
+def test_plug_check_sees_a_transport_importing_the_loader(tmp_path):
+    """The check itself can fail: the imports issue 27 found (a transport reading kernel.loading's
+    FILE_PREFIX and validate_model_name) are reported, and a config.pbtxt internal too."""
+    fake = tmp_path / "m.py"
+    fake.write_text("from kernel.loading.files import FILE_PREFIX\nfrom kernel.loading.names import validate_model_name\n"
+                    "from kernel.config import pbtxt\nfrom kernel.core.backend import ModelControlHandle\n")
+    modules = _modules()
+    graph = {"kernel.transports.http.fake": _imports("kernel.transports.http.fake", fake, modules)}
+    assert _plug_violations(graph) == [
+        "kernel.transports.http.fake -> kernel.config.pbtxt",
+        "kernel.transports.http.fake -> kernel.loading.files",
+        "kernel.transports.http.fake -> kernel.loading.names",
+    ]
+
+
 def test_checker_sees_an_upward_import(tmp_path):
     """The check itself can fail: a core module importing a transport is reported."""
     fake = tmp_path / "m.py"

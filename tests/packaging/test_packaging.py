@@ -15,15 +15,45 @@ import tritonclient.http as httpclient
 from conftest import EXAMPLES, ROOT, KernelProcess, copy_model, running
 
 
+BUILD_OUTPUT: list[str] = []  # what building the wheel printed
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True, capture_output=True, text=True, timeout=300,
     )
+    BUILD_OUTPUT.append(done.stdout + done.stderr)
     (found,) = out.glob("*.whl")
     return found
+
+
+def test_the_build_prints_no_warning(wheel):
+    """It printed 35 lines about kernel.backends.python_based on every install (issue 27)."""
+    (output,) = BUILD_OUTPUT
+    assert "Warning" not in output and "would be ignored" not in output, output
+
+
+def make_dry_run(target: str, tmp_path: Path) -> str:
+    """The commands `make <target>` runs on a fresh clone (-B: as if nothing were installed yet)."""
+    done = subprocess.run(["make", "-n", "-B", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_make_serve_installs_the_runtime_only_with_progress(tmp_path):
+    """`make serve` installed the test and benchmark extras too (694 MB instead of 214 MB), silently."""
+    installs = [line for line in make_dry_run("serve", tmp_path).splitlines() if " pip " in line and " install " in line]
+    assert installs and all(line.rstrip().endswith("install -e .") for line in installs), installs
+    assert not [line for line in installs if " -q" in line]
+
+
+def test_make_test_adds_the_test_extras(tmp_path):
+    installs = [line for line in make_dry_run("test", tmp_path).splitlines() if " pip " in line and " install " in line]
+    assert installs[-1].rstrip().endswith('install -e ".[test]"'), installs
 
 
 def test_wheel_installs_only_two_top_level_names(wheel):
@@ -49,7 +79,10 @@ def test_every_package_folder_is_listed_in_pyproject():
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join([package, *rel.parts]))
     assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
-    assert listed - found == set()
+    # Data folders inside a package are listed too (setuptools warns about them otherwise), not code.
+    data = {"kernel.backends.python_based"}
+    assert listed - found == data
+    assert not list((ROOT / "backends" / "python_based").rglob("*.py"))
 
 
 def test_a_working_directory_with_kernel_py_and_backends_does_not_shadow_kernel(tmp_path):

@@ -75,3 +75,22 @@ def test_a_port_out_of_range_parses_but_stops_start_up(start_kernel, tmp_path):
     k = start_kernel([tmp_path], "--http-port=70000")
     assert k.wait_exit(30) == 1
     assert "HTTP port 70000 is out of range" in k.log() and "Traceback" not in k.log()
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_model_repository_that_is_not_there_is_named(start_kernel, tmp_path, kind):
+    """tritonserver 2.51: `Internal - failed to stat file /nope` for a missing path, `Invalid argument -
+    repository path is not a valid directory` for a file. Kernel keeps those words and says which it
+    found (a missing repository used to be called "not a directory")."""
+    path = tmp_path / "models"
+    if kind == "file":
+        path.write_text("not a folder\n")
+    k = start_kernel([path])
+    assert k.wait_exit(60) == 1
+    errors = [line for line in k.log().splitlines() if line.startswith("E")]
+    expected = {
+        "missing": f"error: creating server: Internal - failed to stat file {path}: the model repository does not exist",
+        "file": f"error: creating server: Invalid argument - repository path is not a valid directory: '{path}' is "
+                "not a directory",
+    }[kind]
+    assert len(errors) == 1 and errors[0].endswith(f'"{expected}"'), k.log()

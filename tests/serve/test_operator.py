@@ -137,6 +137,7 @@ def test_help_offers_grpc_response_compression():
 # ---- --log-format json ----------------------------------------------------------------------
 
 FIELDS = {"time", "level", "pid", "file", "line", "message"}
+EVENT_FIELDS = {"model", "version", "state", "reason", "service", "address"}  # an event's own structure
 
 
 def test_json_log_is_one_object_per_line_for_server_and_model(start_kernel, tmp_path):
@@ -155,12 +156,24 @@ def test_json_log_is_one_object_per_line_for_server_and_model(start_kernel, tmp_
     for line in k.log().splitlines():
         if line.strip():
             records.append(json.loads(line))  # every line, the model table included
-    assert all(set(r) == FIELDS for r in records)
+    assert all(FIELDS <= set(r) <= FIELDS | EVENT_FIELDS for r in records)
     server = next(r for r in records if r["message"].startswith("Started HTTPService at "))
     assert server["level"] == "INFO" and server["file"].endswith(".py") and isinstance(server["line"], int)
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", server["time"])
-    table = next(r for r in records if "| Model" in r["message"])
-    assert "logger_model" in table["message"] and "\n" in table["message"]
+    assert server["service"] == "HTTPService" and server["address"] == f"0.0.0.0:{k.http_port}"
+    # structure as fields (issue 27): load events name the model, version and state, and the model
+    # table is one event per model, not one multi-line text
+    assert not [r for r in records if "| Model" in r["message"]]
+    events = [{f: r[f] for f in ("model", "version", "state") if f in r} for r in records if "model" in r]
+    assert events[:3] == [
+        {"model": "logger_model", "version": 1, "state": "LOADING"},  # loading: logger_model:1
+        {"model": "logger_model", "state": "READY"},  # successfully loaded 'logger_model'
+        {"model": "logger_model", "version": 1, "state": "READY"},  # its row of the model table
+    ]
+    row = next(r for r in records if r.get("version") == 1 and r.get("state") == "READY")
+    assert row["message"] == "model 'logger_model' version 1 is READY"
+    assert {"model": "logger_model", "version": 1, "state": "UNAVAILABLE", "reason": "unloaded"} in [
+        {f: r[f] for f in ("model", "version", "state", "reason") if f in r} for r in records]
     model = {r["message"]: r for r in records if r["message"].startswith("logger_model ")}
     assert model["logger_model warning line"]["level"] == "WARNING"
     assert model["logger_model verbose line"]["level"] == "VERBOSE"

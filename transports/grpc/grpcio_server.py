@@ -183,7 +183,8 @@ class GrpcioServer:
         if request is _UNPARSABLE:
             await context.abort(self.grpc.StatusCode.INTERNAL, "Unable to parse request")
         metadata = None
-        if self.service.header_forward is not None:
+        if self.service.header_forward is not None or self.service.tracer.otel is not None:
+            # forwarded headers, or a W3C traceparent for OpenTelemetry tracing
             metadata = context.invocation_metadata() or ()
         try:
             return await self.service.ModelInfer(request, metadata)

@@ -176,7 +176,7 @@ class GrpclibBinding:
 
     def _metadata(self, stream):
         """The call's client metadata for --grpc-header-forward-pattern; None when nothing is forwarded."""
-        if self.service.header_forward is None:
+        if self.service.header_forward is None and self.service.tracer.otel is None:
             return None
         pairs = list((stream.metadata or {}).items())
         if stream.user_agent:  # grpclib keeps it out of stream.metadata; gRPC C++ servers show it

@@ -73,7 +73,8 @@ class GrpcStream(Stream):
     __slots__ = (
         "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
         "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
-        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "out_encoding", "compressing",
+        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "trace_context", "out_encoding",
+        "compressing",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
@@ -93,6 +94,7 @@ class GrpcStream(Stream):
         self.flush_scheduled = False
         self.trace = None  # kernel.observe.trace.Trace of a sampled ModelInfer call
         self.started_ns = 0  # when its headers arrived (only taken while tracing is on)
+        self.trace_context = None  # its W3C traceparent/tracestate (only read while tracing is on)
         self.metadata = None  # client metadata of an infer call, kept only when headers are forwarded
         self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read
         self.call = None  # the decoded request of a unary call, between its end of input and its start
@@ -172,6 +174,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
                 return
         if self.tracer.active:
             s.started_ns = time.monotonic_ns()
+            s.trace_context = self.tracer.context(headers)  # a W3C traceparent (OpenTelemetry mode)
         s.kind, s.req_type, s.method = entry
         if self.header_forward is not None and s.kind != UNARY:
             s.metadata = client_metadata(headers)
@@ -277,7 +280,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
                 self._finish(s, codec.RESOURCE_EXHAUSTED, refusal)
                 return
         if self.tracer.active:
-            s.trace = self.tracer.sample(msg.model_name)
+            s.trace = self.tracer.sample(msg.model_name, s.trace_context)
             if s.trace is not None:
                 s.trace.stamp("GRPC_WAITREAD_START", s.started_ns)
                 s.trace.stamp("GRPC_WAITREAD_END")

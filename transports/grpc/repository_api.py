@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.loading.files import FILE_PREFIX
+from kernel.core.backend import FILE_PREFIX
 
 
 def load_parameters(params) -> tuple[Optional[str], dict[str, bytes]]:

@@ -239,7 +239,7 @@ class InferenceService:
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             )
         request, _ = codec.parse_infer_request(msg, self.server.shared_memory, raws)
-        if metadata is not None:
+        if metadata is not None and self.header_forward is not None:
             self.header_forward.apply_metadata(request, metadata)
         request.on_response = _once(on_done)
         request.trace = trace
@@ -260,7 +260,7 @@ class InferenceService:
         return self._model_infer(msg, None, metadata)
 
     async def _traced_model_infer(self, msg, metadata) -> "Serialized":
-        trace = self.tracer.sample(msg.model_name)
+        trace = self.tracer.sample(msg.model_name, self.tracer.context(metadata))
         if trace is None:
             return await self._model_infer(msg, None, metadata)
         trace.stamp("GRPC_WAITREAD_START")
@@ -494,7 +494,8 @@ class StreamSession:
             request.on_response = self._responder(key, request, msg.model_version, decoupled, empty_final, slot)
             self.inflight[key] = request
             if self.service.tracer.active:
-                request.trace = self.service.tracer.sample(msg.model_name)
+                tracer = self.service.tracer
+                request.trace = tracer.sample(msg.model_name, tracer.context(self.metadata))
             try:
                 self.server.submit(request)
             except BaseException:

@@ -158,7 +158,7 @@ class HttpApp:
 
     async def _traced_infer(self, name: str, version: str, scope, receive, send) -> None:
         """_infer while tracing is on: sample the request, and hand its trace over when done."""
-        trace = self.tracer.sample(name)
+        trace = self.tracer.sample(name, self.tracer.context(scope["headers"]))
         if trace is None:
             await self._infer(name, version, scope, receive, send, None)
             return

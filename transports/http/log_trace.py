@@ -22,7 +22,7 @@ from kernel.observe.log import LOG_FORMATS
 from kernel.observe import log as server_log
 from kernel.observe import trace_settings
 from kernel.observe.trace_settings import CLEAR, TraceUpdate, parse_count, parse_levels, parse_unsigned
-from kernel.transports.asgi import send_error, send_json
+from kernel.transports.asgi import JSON_HEADERS, send_error, send_json, send_response
 
 LOGGING_PATH = "/v2/logging"
 TRACE_PATH = "/v2/trace/setting"
@@ -101,7 +101,7 @@ async def handle_trace(app, model_name: str, method: str, receive, send) -> None
         if doc is None:
             return
         trace_settings.update(server, model_name, _trace_update(doc))
-    await send_json(send, 200, trace_settings.describe(server, model_name))
+    await send_response(send, 200, JSON_HEADERS, trace_settings.settings_json(trace_settings.describe(server, model_name)))
 
 
 def _trace_update(doc: dict) -> TraceUpdate:

@@ -18,7 +18,7 @@ from urllib.parse import unquote
 import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.loading.files import FILE_PREFIX
+from kernel.core.backend import FILE_PREFIX
 from kernel.transports.asgi import send_error, send_json, send_status
 from kernel.transports.http import json_errors
 

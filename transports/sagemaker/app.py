@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Optional
 
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.loading.names import validate_model_name
 from kernel.transports.restrictions import Category
 from kernel.core.server import Server
 from kernel.transports.asgi import lifespan, send_error, send_json, send_status
@@ -261,8 +260,8 @@ class SageMakerApp:
         target = cloud.header(scope, TARGET_MODEL_HEADER) or name
         # Both become model names (the target is what the model is registered under): the same
         # rules as model control's, so neither can hold a path ('a/b', '../../x') or shell characters.
-        validate_model_name(name)
-        validate_model_name(target)
+        self.server.control.validate_name(name)
+        self.server.control.validate_name(target)
         log.info("Loading SageMaker TargetModel: %s", target)
         abspath = os.path.abspath(os.path.normpath(url))
         if any((abspath + "/").startswith(p) for p in _FORBIDDEN_PREFIXES):

@@ -31,3 +31,19 @@ def make_scheduler(core, model):
     if choice == "sequence_batching":
         return SequenceBatcher(model, model.instances)
     return DirectScheduler(model.name, model.instances, model)
+
+
+def in_flight_count(model) -> int:
+    """Requests of a model version accepted and not finished: waiting in its scheduler, or handed
+    to an instance and without their final response yet (a stream counts until its last response).
+
+    For the nv_inference_inflight_request_count gauge and per-model admission limits. A direct
+    scheduler over one instance hands every request to it at once, so its pending count is a part
+    of the instance's in-flight requests and is not added twice."""
+    handed = 0
+    for instance in model.instances:
+        handed += instance.in_flight
+    scheduler = model.scheduler
+    if scheduler is None or (isinstance(scheduler, DirectScheduler) and len(model.instances) == 1):
+        return handed
+    return handed + scheduler.pending_count()

@@ -5,7 +5,9 @@ dataflow: the request's inputs are the first ensemble tensors; a step is sent
 to its model (through the core, like any request: its scheduler, its
 instances) as soon as every tensor its input_map names exists, and the
 tensors its response carries (renamed by output_map) may start later steps.
-Tensors are passed along by reference, never copied.
+Tensors are passed along by reference, never copied: a GPU tensor a step made stays on the GPU
+for the steps after it (its step request lets the intermediate outputs stay in device memory,
+kernel.core.device_memory), and so does an ensemble output its client takes into a CUDA region.
 
 A decoupled step may answer several times: each response that brings new
 tensors runs the steps that consume them again, and every time all the
@@ -19,13 +21,14 @@ from __future__ import annotations
 from typing import Optional
 
 from kernel.core import stats as st
+from kernel.core.device_memory import device_ok
 from kernel.core.scheduling.dynamic import log_request
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 
 class _Step:
-    __slots__ = ("index", "model_name", "model_version", "input_map", "output_map", "outputs")
+    __slots__ = ("index", "model_name", "model_version", "input_map", "output_map", "outputs", "intermediate")
 
     def __init__(self, index: int, step) -> None:
         self.index = index
@@ -34,6 +37,15 @@ class _Step:
         self.input_map = dict(step.input_map)  # step input name -> ensemble tensor
         self.output_map = dict(step.output_map)  # step output name -> ensemble tensor
         self.outputs = [RequestedOutput(name) for name in self.output_map]
+        self.intermediate: frozenset = frozenset()  # its outputs no client reads (set by the scheduler)
+
+    def device_outputs(self, parent_device) -> Optional[frozenset]:
+        """The step outputs that may stay in GPU memory: intermediate tensors, and ensemble outputs
+        the client takes in device memory (`parent_device`: the ensemble request's device_outputs)."""
+        names = self.intermediate
+        if parent_device:
+            names = names | {o for o, t in self.output_map.items() if device_ok(parent_device, t)}
+        return names or None
 
 
 class EnsembleScheduler:
@@ -48,6 +60,8 @@ class EnsembleScheduler:
             for tensor in set(step.input_map.values()):
                 self.consumers.setdefault(tensor, []).append(step)
         self.output_names = [o.name for o in cfg.output]
+        for step in self.steps:
+            step.intermediate = frozenset(o for o, t in step.output_map.items() if t not in self.output_names)
         self.decoupled = cfg.model_transaction_policy.decoupled
         self.max_batch_size = cfg.max_batch_size
         self.running = 0
@@ -125,12 +139,13 @@ class _Run:
         inputs = []
         for input_name, tensor_name in step.input_map.items():
             t = self.tensors[tensor_name]
-            inputs.append(InferTensor(input_name, t.datatype, t.shape, raw=t._raw, array=t._array))
+            inputs.append(InferTensor(input_name, t.datatype, t.shape, raw=t._raw, array=t._array, device=t.device))
         child = InferRequest(
             step.model_name, step.model_version, parent.id, inputs, list(step.outputs), parent.parameters,
             priority=parent.priority, timeout_us=parent.timeout_us,
             correlation_id=parent.correlation_id, flags=parent.flags,
         )
+        child.device_outputs = step.device_outputs(parent.device_outputs)
         child.on_response = lambda response, step=step: self._on_step_response(step, response)
         if parent.trace is not None:  # a traced ensemble request traces its steps, as child traces
             child.trace = parent.trace.child()

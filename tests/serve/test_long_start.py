@@ -1,0 +1,119 @@
+"""What an operator meets while a model takes long to load (issue 27), against a real `kernel serve`
+whose only model spends two minutes in initialize():
+
+- Ctrl-C or SIGTERM during the load is logged at once, the load is abandoned, its worker is
+  stopped and the server exits within seconds (it used to finish the load, start every listener,
+  and only then stop; a pod deleted meanwhile waited for SIGKILL);
+- a port that is taken is reported before any model loads, in tritonserver's one line (it used to
+  be found after the last load);
+- /v2/health/live (and gRPC ServerLive) answer while the load runs, readiness staying false, so a
+  liveness probe does not kill the pod that is loading. tritonserver 2.51 listens on nothing until
+  its models are loaded; its "Started <service> at <address>" lines still follow the model table.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, TEST_MODELS, KernelProcess
+
+REPO = TEST_MODELS / "slow_start"  # long_init: initialize() sleeps 120 s
+
+
+def worker_pid(k: KernelProcess) -> int:
+    """The pid of the model's worker, once its initialize() is running."""
+    assert k.wait_for_log("long_init initializing in pid ", timeout=60), k.log()
+    return int(re.search(r"long_init initializing in pid (\d+)", k.log()).group(1))
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_long_load_stops_the_server_within_seconds(start_kernel, sig):
+    k = start_kernel([REPO])
+    worker = worker_pid(k)
+    sent = time.monotonic()
+    k.proc.send_signal(sig)
+    assert k.wait_exit(20) == 0, k.log()
+    took = time.monotonic() - sent
+    assert took < 5.0, f"stopped {took:.1f} s after the signal"
+    deadline = time.monotonic() + 2
+    while running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(worker), "the model's worker outlived the server"
+    log = k.log()
+    assert f"Received signal {int(sig)} ({sig.name}), shutting down" in log
+    assert "start-up interrupted: stopped loading 'long_init' version 1" in log
+    assert "Started HTTPService" not in log  # it never served
+    assert "successfully loaded" not in log and "successfully unloaded" not in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("service, flag, address, extra", [
+    ("HTTP", "--http-port", "127.0.0.1", []),
+    ("GRPC", "--grpc-port", "127.0.0.1", []),
+    # starts after the models (its start checks the endpoint's model), so its port is only checked before
+    ("Sagemaker", "--sagemaker-port", "0.0.0.0", ["--allow-sagemaker=true"]),
+])
+def test_a_taken_port_is_reported_before_any_model_loads(service, flag, address, extra):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        k = KernelProcess([REPO], "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
+                          "--metrics-address=127.0.0.1", *extra, f"{flag}={port}")
+        try:
+            assert k.wait_exit(30) == 1, k.log()
+        finally:
+            k.stop()
+    log = k.log()
+    assert f"failed to start {service} service: Unavailable - Socket '{address}:{port}' already in use " in log
+    assert "loading: long_init" not in log and "long_init initializing" not in log
+
+
+def test_live_while_a_long_load_runs_ready_only_when_loaded(start_kernel):
+    import tritonclient.grpc as grpcclient
+
+    k = start_kernel([REPO])
+    worker_pid(k)
+    assert status(f"http://{k.url}/v2/health/live") == 200
+    assert status(f"http://{k.url}/v2/health/ready") == 400
+    with grpcclient.InferenceServerClient(k.grpc_url) as c:
+        assert c.is_server_live() and not c.is_server_ready()
+    log = k.log()
+    assert f"HTTPService listening at 0.0.0.0:{k.http_port} while models load (live, not ready)" in log
+    assert "Started HTTPService" not in log  # scripts that wait for it must not see it before the models load
+    assert k.stop(20) == 0
+
+
+def test_started_lines_follow_the_model_table(start_kernel):
+    """tritonserver's order, which start-up scripts rely on: the model table, then one "Started" line
+    per service, the first once every model is loaded."""
+    k = start_kernel([EXAMPLES]).wait_ready()
+    lines = k.log().splitlines()
+    table = next(i for i, line in enumerate(lines) if "| Model" in line)
+    started = [i for i, line in enumerate(lines) if re.search(r'"Started (HTTPService|GRPCInferenceService|'
+                                                                 r'Metrics Service) at ', line)]
+    assert len(started) == 3 and min(started) > table, "\n".join(lines)

@@ -1,0 +1,299 @@
+"""The OpenAI-compatible API as a raw ASGI application (no framework: the route table is below).
+
+    GET  /v1/models                  the ready models          (restricted API group: model-repository)
+    GET  /v1/models/{model}          one of them               (model-repository)
+    POST /v1/chat/completions        chat, streamed or not     (inference)
+    POST /v1/completions             text completion           (inference)
+    POST /v1/embeddings              text to vectors           (inference)
+    GET  /health/ready               200 when the server is ready, else 503 (health)
+
+The API groups are those of Triton's OpenAI frontend; `--http-restricted-api` restricts them here
+as on the KServe port, and a request without the header gets 401 in OpenAI's error shape.
+
+Admission, before anything is submitted: a server that holds more answer bytes for slow clients
+than --max-held-output-bytes answers 503; a model whose config sets the parameter
+`max_inflight_requests` answers 429 with Retry-After while it has that many requests in flight
+(from any route: the nv_inference_inflight_request_count gauge); a model whose queue is full
+(`max_queue_size`) answers 429 with Retry-After here, where the KServe routes keep Triton's 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from typing import Optional
+
+import msgspec
+
+from kernel.core.errors import KernelError
+from kernel.core.scheduling import in_flight_count
+from kernel.transports.asgi import lifespan
+from kernel.transports.openai import chat_template, embeddings, schema
+from kernel.transports.openai.convention import text_model
+from kernel.transports.openai.errors import (
+    SERVER_ERROR, ApiError, bad_request, error_body, from_kernel, model_not_found, send_error, too_many_requests,
+)
+from kernel.transports.openai.generation import Generation
+from kernel.transports.restrictions import Category, Restrictions
+
+log = logging.getLogger("kernel.openai")
+
+_JSON = [(b"content-type", b"application/json")]
+# Bodies larger than this are decoded and turned into prompts off the event loop.
+OFFLOAD_BYTES = 256 * 1024
+_ROUTES = {
+    "/v1/chat/completions": ("POST", Category.INFERENCE),
+    "/v1/completions": ("POST", Category.INFERENCE),
+    "/v1/embeddings": ("POST", Category.INFERENCE),
+    "/v1/models": ("GET", Category.MODEL_REPOSITORY),
+    "/health/ready": ("GET", Category.HEALTH),
+}
+_json = msgspec.json.Encoder()
+
+
+def route_of(path: str) -> Optional[tuple[str, Category]]:
+    """(method, API group) of a path, or None for paths this API does not have."""
+    found = _ROUTES.get(path)
+    if found is None and path.startswith("/v1/models/") and len(path) > 11:
+        found = ("GET", Category.MODEL_REPOSITORY)
+    return found
+
+
+class OpenAIApp:
+    def __init__(self, server, max_input_size: int = 64 * 1024 * 1024, restricted: Optional[Restrictions] = None):
+        self.server = server
+        self.max_input_size = max_input_size
+        self.restricted = restricted or None
+        self.created = int(time.time())
+        # Calls between their first byte and their last (Transport.transfers), and the streams among them.
+        self.active = 0
+        self.streams: set[Generation] = set()
+        self._limits: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        self.active += 1
+        try:
+            await self._http(scope, receive, send)
+        finally:
+            self.active -= 1
+
+    async def _http(self, scope, receive, send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        route = route_of(path)
+        try:
+            if route is None:
+                raise ApiError(404, f"Unknown request URL: {method} {path}", code="unknown_url")
+            if method != route[0]:
+                raise ApiError(405, f"Method {method} is not allowed for {path}; use {route[0]}",
+                               code="method_not_allowed")
+            if self.restricted is not None:
+                self._check_restriction(route[1], scope)
+            if path == "/v1/chat/completions":
+                await self._completion(True, scope, receive, send)
+            elif path == "/v1/completions":
+                await self._completion(False, scope, receive, send)
+            elif path == "/v1/embeddings":
+                body = await self._body(scope, receive)
+                if body is not None:
+                    await embeddings.handle(self, body, receive, send)
+            elif path == "/v1/models":
+                await _send_json(send, 200, {"object": "list", "data": [self._model_card(n) for n in self._ready()]})
+            elif path == "/health/ready":
+                ready = self.server.ready
+                await _send_json(send, 200 if ready else 503, {"ready": ready})
+            else:
+                name = path[11:]
+                if name not in self._ready():
+                    raise model_not_found(name)
+                await _send_json(send, 200, self._model_card(name))
+        except ApiError as exc:
+            await send_error(send, exc)
+        except KernelError as exc:
+            await send_error(send, from_kernel(exc))
+        except RecursionError:
+            await send_error(send, bad_request("the request is nested too deeply"))
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the connection down
+            log.exception("unexpected error handling %s %s", method, path)
+            await send_error(send, ApiError(500, f"internal error: {type(exc).__name__}: {exc}", SERVER_ERROR))
+
+    def _check_restriction(self, category: Category, scope) -> None:
+        rule = self.restricted.get(category)
+        if rule is None:
+            return
+        wanted = rule.header.encode("latin-1")
+        for key, value in scope["headers"]:
+            if key.lower() == wanted and value.decode("latin-1") == rule.value:
+                return
+        raise ApiError(401, f"This API is restricted, expecting header '{rule.header}' with valid value",
+                       "authentication_error", None, "invalid_auth")
+
+    # ---- models --------------------------------------------------------------------------------
+
+    def _ready(self) -> list[str]:
+        return sorted(name for name, entry in self.server.registry.entries.items() if entry.latest_ready() is not None)
+
+    def _model_card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "kernel"}
+
+    def resolve(self, name: str):
+        """The latest ready version of model `name`; 404 model_not_found otherwise."""
+        entry = self.server.registry.entries.get(name)
+        model = entry.latest_ready() if entry is not None else None
+        if model is None:
+            raise model_not_found(name)
+        return model
+
+    def admit(self, model, requests: int) -> None:
+        """Refuse work the server or the model cannot take now (see the module docstring)."""
+        held = self.server.held_output
+        if held.over_limit:
+            raise ApiError(503, held.refusal(), SERVER_ERROR, None, "server_overloaded")
+        limit = self._limits.get(model)
+        if limit is None:
+            limit = self._limits[model] = _inflight_limit(model)
+        if limit:
+            if requests > limit:
+                raise bad_request(f"the request asks for {requests} choices; model '{model.name}' runs at most "
+                                  f"{limit} requests at once (max_inflight_requests)", "n")
+            busy = in_flight_count(model)
+            if busy + requests > limit:
+                raise too_many_requests(f"model '{model.name}' has {busy} requests in flight, its limit is {limit} "
+                                        "(max_inflight_requests); retry later")
+
+    # ---- bodies --------------------------------------------------------------------------------
+
+    async def _body(self, scope, receive) -> Optional[bytes]:
+        """The request body, at most --http-max-input-size bytes (413 past it); None: the client left."""
+        limit = self.max_input_size
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    raise bad_request("Invalid Content-Length header: not an integer", code="invalid_content_length")
+                if length > limit:
+                    raise _too_large(length, limit)
+                break
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def off_loop(self, size: int, fn, *args):
+        """fn(*args), in a thread when the body it works on is large."""
+        if size <= OFFLOAD_BYTES:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    # ---- completions ---------------------------------------------------------------------------
+
+    async def _completion(self, chat: bool, scope, receive, send) -> None:
+        body = await self._body(scope, receive)
+        if body is None:
+            return
+        size = len(body)
+        kind = schema.ChatRequest if chat else schema.CompletionRequest
+        request, doc = await self.off_loop(size, schema.decode, body, kind)
+        if chat:
+            schema.check_chat(request)
+        else:
+            prompts = schema.check_completion(request)
+        model = self.resolve(request.model)
+        tm = text_model(model)
+        n = request.n or 1
+        if chat:
+            template = await chat_template.template_for(model)
+            messages = chat_template.messages_for_template(request.messages)
+            prompts = [await self.off_loop(size, template.render, messages)]
+        schema.choices_limit(len(prompts), n)
+        self.admit(model, len(prompts) * n)
+        stream = bool(request.stream)
+        options = request.stream_options
+        generation = Generation(self.server, request.model, tm, chat, prompts, n, schema.max_tokens(request),
+                                stream and options is not None and options.include_usage,
+                                bool(getattr(request, "echo", False)))
+        generation.transport = scope.get("kernel.transport")
+        sampling = schema.sampling_parameters(doc, request)
+        generation.submit(stream, sampling, seeded=request.seed is not None and n > 1)
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, generation))
+        self.streams.add(generation)
+        try:
+            if stream:
+                await generation.write_stream(send)
+                return
+            await generation.wait_all()
+            if generation.closed:
+                return
+            if generation.error is not None:
+                await send_error(send, generation.error)
+                return
+            text_size = sum(len(part) for parts in generation.texts for part in parts)
+            await _send_body(send, 200, _JSON, await self.off_loop(text_size, generation.answer))
+        finally:
+            watcher.cancel()
+            self.streams.discard(generation)
+            if not generation.finished:
+                generation.cancel()
+
+    def cut_all(self, reason: str) -> None:
+        """Cut every stream still open (the exit timeout is spent)."""
+        for generation in list(self.streams):
+            generation.cut(reason)
+
+
+async def _watch_disconnect(receive, generation: Generation) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            generation.disconnected()
+            return
+
+
+def _inflight_limit(model) -> int:
+    parameters = model.config.parameters
+    if "max_inflight_requests" not in parameters:
+        return 0
+    text = parameters["max_inflight_requests"].string_value.strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        log.warning("model '%s': parameter max_inflight_requests '%s' is not a count; no limit", model.name, text)
+        return 0
+    return value
+
+
+def _too_large(size: int, limit: int) -> ApiError:
+    return ApiError(413, f"Request size of {size} bytes exceeds the maximum allowed input size of {limit} bytes. "
+                         "Use --http-max-input-size to increase the limit.", code="content_too_large")
+
+
+async def _send_body(send, status: int, headers: list, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send, status: int, doc) -> None:
+    await _send_body(send, status, _JSON, _json.encode(doc))
+
+
+__all__ = ["OpenAIApp", "error_body", "route_of"]

@@ -1,0 +1,332 @@
+"""One completion call (chat or text): its choices' core requests, and their responses turned into
+OpenAI objects, either one JSON answer or server-sent events ending in `data: [DONE]`.
+
+Each choice (n per prompt) is a core request of its own. Responses are turned into bytes as they
+arrive (`on_response`, on the event loop): what a stream holds for its client is encoded text,
+never a model's tensors, and it is bounded:
+
+- The status is decided by the first response: an error before any text is the call's error
+  answer (a 400 for a prompt the model refuses); after that an error is an event
+  `data: {"error": {...}}` and the stream ends.
+- Bytes not yet written wait in `pending`. A client that reads slower than the model writes lets
+  them pile up; past MAX_PENDING_BYTES the call's requests are cancelled (the model sees
+  is_cancelled()) and the stream ends with an error event once the client reads on. The stream is
+  a holder of the server's account of held bytes (kernel.core.holding) whenever it holds any (what
+  waits here and in the connection's write buffer), so a client that stops reading is cut after
+  --client-stall-timeout-secs, and all streams together stay within --max-held-output-bytes.
+- A client that goes away cancels every request of the call.
+
+The writer sends everything that arrived since its last write in one body message: a client
+that is slower than the model gets fewer, larger writes, never more memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from typing import Optional
+
+import msgspec
+
+from kernel.core.errors import KernelError
+from kernel.core.request import InferResponse
+from kernel.transports.openai.convention import ChoiceText, TextModel, finish_reason
+from kernel.transports.openai.errors import SERVER_ERROR, ApiError, error_body, from_kernel, send_error
+
+MAX_PENDING_BYTES = 1 << 20  # encoded events one stream may hold for a client that reads too slowly
+_WATCH_BYTES = 64 * 1024  # pending bytes past which a stream joins the held-bytes account before any write
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_DONE = b"data: [DONE]\n\n"
+_json = msgspec.json.Encoder()
+
+
+class Generation:
+    """The choices of one /v1/chat/completions or /v1/completions call."""
+
+    def __init__(self, server, model_name: str, text_model: TextModel, chat: bool, prompts: list[str], n: int,
+                 max_tokens: Optional[int], include_usage: bool, echo: bool) -> None:
+        self.server = server
+        self.chat = chat
+        self.text_model = text_model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + os.urandom(12).hex()
+        self.created = int(time.time())
+        self.model_name = model_name
+        self.prompts = prompts
+        self.n = n
+        self.max_tokens = max_tokens
+        self.include_usage = include_usage
+        # A model without the exclude_input_in_output input answers without the prompt: echo puts
+        # the prompt in front of its answer here.
+        self.echo = echo
+        self.echo_here = echo and not text_model.excludes_input
+        count = len(prompts) * n
+        self.choices = [ChoiceText() for _ in range(count)]
+        self.texts: list[list[str]] = [[] for _ in range(count)]  # non-streaming: the text of each choice
+        self.announced = [False] * count  # streaming: the choice's first chunk went out (chat: with its role)
+        self.requests: list = []
+        self.stream = False
+        self.remaining = count
+        self.committed = False  # a response with data came: the status is 200
+        self.error: Optional[ApiError] = None  # the call's error answer (before anything was committed)
+        self.finished = False  # nothing more will be added
+        self.closed = False  # the client went away or was cut: write nothing more
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self.transport = None  # the connection (for its write buffer), when the listener gives it
+        self._started = False  # the stream's status and headers were sent
+        self._waiter: Optional[asyncio.Future] = None
+        model_json = _json.encode(model_name)
+        if chat:
+            self._prefix = (b'data: {"id":"' + self.id.encode() + b'","object":"chat.completion.chunk","created":'
+                            + b"%d" % self.created + b',"model":' + model_json + b',"choices":[')
+        else:
+            self._prefix = (b'data: {"id":"' + self.id.encode() + b'","object":"text_completion","created":'
+                            + b"%d" % self.created + b',"model":' + model_json + b',"choices":[')
+        self._suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+
+    # ---- submitting ----------------------------------------------------------------------------
+
+    def submit(self, stream: bool, sampling: dict, seeded: bool) -> None:
+        """Submit every choice; ApiError when the core refuses one (the others are cancelled)."""
+        self.stream = stream
+        tm = self.text_model
+        index = 0
+        for prompt in self.prompts:
+            data = prompt.encode("utf-8")
+            for j in range(self.n):
+                params = sampling
+                if seeded and j:
+                    params = dict(sampling, seed=_offset_seed(sampling["seed"], j))
+                request = tm.build(self.id if index == 0 else f"{self.id}-{index}", data, stream, params, self.echo)
+                request.on_response = self._responder(index)
+                self.requests.append(request)
+                try:
+                    self.server.submit(request)
+                except KernelError as exc:
+                    self.requests.pop()
+                    self.cancel()
+                    raise from_kernel(exc, self.model_name) from None
+                index += 1
+
+    def _responder(self, index: int):
+        def on_response(response: InferResponse) -> None:
+            self.on_response(index, response)
+        return on_response
+
+    def cancel(self) -> None:
+        for request in self.requests:
+            request.cancel()
+
+    # ---- responses (event loop) ----------------------------------------------------------------
+
+    def on_response(self, index: int, response: InferResponse) -> None:
+        if self.finished or self.closed:
+            return
+        if response.error is not None:
+            self._fail(from_kernel(response.error, self.model_name))
+            return
+        final = response.final
+        choice = self.choices[index]
+        text = choice.read(response, final)
+        if self.echo_here and not self.announced[index]:
+            text = self.prompts[index // self.n] + text
+        if text or final:
+            self.committed = True
+            if self.stream:
+                self._add(self._chunk(index, text, finish_reason(choice, self.max_tokens) if final else None))
+            elif text:
+                self.texts[index].append(text)
+            self.announced[index] = True
+        if final:
+            self.remaining -= 1
+            if self.remaining == 0:
+                if self.stream:
+                    if self.include_usage:
+                        self._add(self._usage_chunk())
+                    self._add(_DONE)
+                self._finish()
+        if self.stream and self.pending_bytes > MAX_PENDING_BYTES and not self.finished:
+            self.finished = True  # first: what the cancellation brings back is not added
+            self.cancel()
+            self._add(b"data: " + error_body(
+                f"the client read the stream too slowly: more than {MAX_PENDING_BYTES} bytes waited to be sent; "
+                "the request was cancelled", SERVER_ERROR, None, "stream_overflow") + b"\n\n")
+        elif self.pending_bytes > _WATCH_BYTES:
+            self.server.held_output.watch(self)
+
+    def _fail(self, error: ApiError) -> None:
+        self.finished = True  # first: what the cancellation brings back is not added
+        self.cancel()
+        if self.committed and self.stream:
+            self._add(b"data: " + error.body() + b"\n\n")
+        else:
+            self.error = error
+        self._wake()
+
+    def _add(self, event: bytes) -> None:
+        self.pending.append(event)
+        self.pending_bytes += len(event)
+        self._wake()
+
+    def _finish(self) -> None:
+        self.finished = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    # ---- the client ----------------------------------------------------------------------------
+
+    def disconnected(self) -> None:
+        """The client went away: cancel the requests, write nothing more."""
+        self.closed = True
+        self.cancel()
+        self._wake()
+
+    def held_bytes(self) -> int:
+        """kernel.core.holding.Holder: what waits for this client here and in its connection."""
+        held = self.pending_bytes
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            held += transport.get_write_buffer_size()
+        return held
+
+    def cut(self, reason: str) -> None:
+        """kernel.core.holding.Holder: drop the client (it stopped reading)."""
+        self.disconnected()
+        self.pending.clear()
+        self.pending_bytes = 0
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---- writing -----------------------------------------------------------------------------
+
+    async def write_stream(self, send) -> None:
+        """Send the events as they come; the status waits for the first response."""
+        held = self.server.held_output
+        try:
+            while True:
+                if not self.pending and not self.finished and not self.closed:
+                    await self._wait()
+                if self.closed:
+                    return
+                if not self.committed:
+                    if self.error is not None:
+                        await send_error(send, self.error)
+                        return
+                    if not self.pending:
+                        if self.finished:
+                            return
+                        continue
+                if not self.pending and not self.finished:
+                    continue
+                data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
+                self.pending.clear()
+                self.pending_bytes = 0
+                done = self.finished
+                if not self._started:
+                    self._started = True
+                    await _start_with(send, self.transport, data, done)
+                else:
+                    await send({"type": "http.response.body", "body": data, "more_body": not done})
+                if done:
+                    return
+                transport = self.transport
+                if transport is not None and transport.get_write_buffer_size():
+                    held.watch(self)
+        finally:
+            held.unwatch(self)
+
+    async def wait_all(self) -> None:
+        while not self.finished and not self.closed:
+            await self._wait()
+
+    def answer(self) -> bytes:
+        """The non-streaming answer (after wait_all, without error)."""
+        choices = []
+        for index, parts in enumerate(self.texts):
+            text = "".join(parts)
+            reason = finish_reason(self.choices[index], self.max_tokens)
+            if self.chat:
+                choices.append({"index": index, "message": {"role": "assistant", "content": text},
+                                "logprobs": None, "finish_reason": reason})
+            else:
+                choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
+        return _json.encode({
+            "id": self.id, "object": "chat.completion" if self.chat else "text_completion", "created": self.created,
+            "model": self.model_name, "choices": choices, "usage": self.usage(), "system_fingerprint": None,
+        })
+
+    # ---- encoding ------------------------------------------------------------------------------
+
+    def usage(self) -> Optional[dict]:
+        if not self.text_model.has_counts:
+            return None
+        prompt = sum(c.prompt_tokens or 0 for i, c in enumerate(self.choices) if i % self.n == 0)
+        completion = sum(c.completion_tokens for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _chunk(self, index: int, text: str, reason: Optional[str]) -> bytes:
+        reason_json = b"null" if reason is None else b'"' + reason.encode() + b'"'
+        if self.chat:
+            if not self.announced[index]:
+                delta = b'"role":"assistant","content":' + _json.encode(text)
+            elif text:
+                delta = b'"content":' + _json.encode(text)
+            else:
+                delta = b""  # a last chunk with no text: an empty delta and the finish reason
+            body = (b'{"index":%d,"delta":{' % index + delta + b'},"logprobs":null,"finish_reason":'
+                    + reason_json + b"}")
+        else:
+            body = (b'{"index":%d,"text":' % index + _json.encode(text) + b',"logprobs":null,"finish_reason":'
+                    + reason_json + b"}")
+        return self._prefix + body + self._suffix
+
+    def _usage_chunk(self) -> bytes:
+        return self._prefix + b'],"usage":' + _json.encode(self.usage()) + b"}\n\n"
+
+
+async def _start_with(send, transport, data: bytes, done: bool) -> None:
+    """The status line, the headers and the first events, in one TCP segment.
+
+    uvicorn writes the headers as soon as it is given them, and the first events in a write of
+    their own: the first write wakes the client for headers alone, and on a busy machine the
+    second waits until the client has run and blocked again (~0.3-0.5 ms of the time to first
+    token at concurrency 1 here; tritonserver sends both at once). TCP_CORK holds the first write
+    until the second is in; it costs two setsockopt calls per stream, none per token.
+    """
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    corked = False
+    if sock is not None and _TCP_CORK is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 1)
+            corked = True
+        except OSError:
+            pass
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.body", "body": data, "more_body": not done})
+    finally:
+        if corked:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 0)
+            except OSError:
+                pass
+
+
+_TCP_CORK = getattr(socket, "TCP_CORK", None)  # Linux
+
+
+def _offset_seed(seed: int, offset: int) -> int:
+    return (seed + offset) % (1 << 64) if seed >= 0 else seed + offset

@@ -1,0 +1,177 @@
+"""The OpenAI request bodies: decoded and checked once, with msgspec.
+
+A body is decoded to plain JSON values first (kept: every field a model may read reaches it,
+extensions like vLLM's `top_k` included), then converted to the typed structs below, which refuse
+wrong types and out-of-range values with the JSON path of the field (`Expected `int` <= 128 - at
+`$.n``). Ranges are OpenAI's where it documents them; `max_tokens` is bounded by what a 32-bit
+engine can hold, the model refuses what exceeds its own context.
+
+`sampling_parameters` builds the vLLM convention's JSON string: every request field except those
+that describe the call rather than the sampling (Triton's OpenAI frontend leaves out the same
+ones), `max_tokens` from `max_completion_tokens` when given, no nulls.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from kernel.transports.openai.errors import ApiError, bad_request
+
+MAX_N = 128  # OpenAI's bound on choices per request
+MAX_TOKENS = (1 << 31) - 1
+MAX_STOP = 16
+MAX_INPUTS = 2048  # prompts per completion request, inputs per embedding request (OpenAI's bound)
+
+Tokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+Stop = Union[str, Annotated[list[str], Meta(max_length=MAX_STOP)], None]
+
+
+class StreamOptions(Struct, forbid_unknown_fields=False):
+    include_usage: bool = False
+
+
+class ContentPart(Struct, forbid_unknown_fields=False):
+    type: str
+    text: Optional[str] = None
+
+
+class Message(Struct, forbid_unknown_fields=False):
+    role: str
+    content: Union[str, list[ContentPart], None] = None
+    name: Optional[str] = None
+
+
+class _Sampling(Struct, forbid_unknown_fields=False):
+    model: str
+    max_tokens: Optional[Tokens] = None
+    temperature: Optional[Annotated[float, Meta(ge=0.0, le=2.0)]] = None
+    top_p: Optional[Annotated[float, Meta(ge=0.0, le=1.0)]] = None
+    n: Optional[Annotated[int, Meta(ge=1, le=MAX_N)]] = None
+    stop: Stop = None
+    seed: Optional[int] = None  # -2**63 .. 2**64-1: checked in decode (msgspec bounds stop at int64)
+    presence_penalty: Optional[Penalty] = None
+    frequency_penalty: Optional[Penalty] = None
+    logit_bias: Optional[dict[str, float]] = None
+    user: Optional[str] = None
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+
+
+class ChatRequest(_Sampling, forbid_unknown_fields=False):
+    messages: Annotated[list[Message], Meta(min_length=1)] = []
+    max_completion_tokens: Optional[Tokens] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[Annotated[int, Meta(ge=0, le=20)]] = None
+    tools: Optional[list[Any]] = None
+
+
+class CompletionRequest(_Sampling, forbid_unknown_fields=False):
+    prompt: Union[str, Annotated[list[str], Meta(min_length=1, max_length=MAX_INPUTS)], None] = None
+    echo: Optional[bool] = False
+    logprobs: Optional[Annotated[int, Meta(ge=0, le=5)]] = None
+    best_of: Optional[Annotated[int, Meta(ge=1, le=MAX_N)]] = None
+    suffix: Optional[str] = None
+
+
+class EmbeddingRequest(Struct, forbid_unknown_fields=False):
+    model: str
+    input: Union[str, Annotated[list[str], Meta(min_length=1, max_length=MAX_INPUTS)]]
+    encoding_format: Optional[str] = "float"
+    dimensions: Optional[Annotated[int, Meta(ge=1)]] = None
+    user: Optional[str] = None
+
+
+# Fields that describe the call, not the sampling: never part of sampling_parameters.
+_NOT_SAMPLING = frozenset({
+    "model", "messages", "prompt", "stream", "stream_options", "echo", "n", "user", "store", "metadata",
+    "response_format", "service_tier", "tools", "tool_choice", "parallel_tool_calls", "function_call",
+    "functions", "suffix", "max_completion_tokens", "max_tokens", "modalities", "audio", "prediction",
+})
+
+
+def decode(body: bytes, kind: type):
+    """(typed request, the JSON object as sent); ApiError(400) naming what is wrong."""
+    if not body.strip():
+        raise bad_request("the request body is empty: send a JSON object")
+    try:
+        doc = msgspec.json.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request("the request body is not valid JSON: it is nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        typed = msgspec.convert(doc, kind)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        raise bad_request(f"invalid request: {text}", _param(text)) from None
+    except RecursionError:
+        raise bad_request("invalid request: nested too deeply") from None
+    seed = getattr(typed, "seed", None)
+    if seed is not None and not -(1 << 63) <= seed < (1 << 64):
+        raise bad_request("invalid request: 'seed' must be a 64-bit integer", "seed")
+    return typed, doc
+
+
+def _param(text: str) -> Optional[str]:
+    """`...- at `$.messages[0].role`` -> "messages"."""
+    _, sep, path = text.rpartition("- at `$.")
+    if not sep:
+        missing = "Object missing required field `"
+        if missing in text:
+            return text.split(missing, 1)[1].split("`", 1)[0]
+        return None
+    name = path.rstrip("`")
+    for stop in ".[":
+        name = name.split(stop, 1)[0]
+    return name or None
+
+
+def max_tokens(request) -> Optional[int]:
+    """The completion length bound: chat's max_completion_tokens, else max_tokens."""
+    return getattr(request, "max_completion_tokens", None) or request.max_tokens
+
+
+def sampling_parameters(doc: dict, request, seed_offset: int = 0) -> dict:
+    """The sampling fields of a request, as the vLLM convention's JSON object carries them.
+
+    With n > 1 each choice is its own request: choice i (i > 0) gets seed + i, so seeded choices
+    differ from each other and stay reproducible."""
+    out = {k: v for k, v in doc.items() if v is not None and k not in _NOT_SAMPLING}
+    limit = max_tokens(request)
+    if limit is not None:
+        out["max_tokens"] = limit
+    if seed_offset and request.seed is not None:
+        out["seed"] = (request.seed + seed_offset) % (1 << 64) if request.seed >= 0 else request.seed + seed_offset
+    return out
+
+
+def check_chat(request: ChatRequest) -> None:
+    if not request.messages:
+        raise bad_request("'messages' must hold at least one message", "messages")
+    if request.tools:
+        raise bad_request("tool calling is not supported by Kernel's OpenAI API: send the request without 'tools'",
+                          "tools")
+
+
+def check_completion(request: CompletionRequest) -> list[str]:
+    """The prompts of a completion request (a string or a list of strings)."""
+    prompt = request.prompt
+    if prompt is None:
+        raise bad_request("'prompt' is required", "prompt")
+    if request.suffix:
+        raise bad_request("'suffix' is not supported by Kernel's OpenAI API", "suffix")
+    if request.best_of is not None and request.best_of != (request.n or 1):
+        raise bad_request("'best_of' other than 'n' is not supported by Kernel's OpenAI API", "best_of")
+    return [prompt] if isinstance(prompt, str) else list(prompt)
+
+
+def choices_limit(prompts: int, n: int) -> None:
+    if prompts * n > MAX_N:
+        raise ApiError(400, f"a request may ask for at most {MAX_N} choices in all; {prompts} prompts x n={n} "
+                            f"is {prompts * n}", param="n")
