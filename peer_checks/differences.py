@@ -116,6 +116,13 @@ DIFFERENCES: dict[str, str] = {
         "Kernel refuses redirects that change server state (load/unload, shared-memory register/"
         "unregister) with 403: the predict route is open to every caller of the endpoint, the "
         "repository API usually is not; Triton 2.51 performs them",
+    "grpc-compression-grpcio-other-rpcs":
+        "--grpc-infer-response-compression-level with --grpc-server grpcio (Kernel only): the answers of every "
+        "RPC are compressed (ModelMetadata, ModelConfig, ServerLive...), where tritonserver 2.51 compresses "
+        "ModelInfer and ModelStreamInfer answers only. grpcio offers a server-wide level or a per-call algorithm "
+        "that ignores what the client accepts, and no handler sees grpc-accept-encoding; the algorithm chosen "
+        "per level is the same. Clients read the compressed answers all the same; the native (default) and "
+        "grpclib servers match Triton (peer_checks/test_grpc_compression_against_triton.py)",
 }
 
 # case id -> what differs, and which part of Kernel owns the fix (not deliberate: to be fixed)
