@@ -9,6 +9,10 @@ finder is pointed at the other folder before `kernel serve` starts). Rounds alte
 
     .venv/bin/python benchmarks/grpc_ab.py --a /tmp/before-grpc/transports --b transports \
         --shape INPUT0:4194304 --concurrency 2 --rounds 3 [--triton]
+
+`--side LABEL=DIR[,FLAG...]` (repeatable) names the sides instead of --a/--b, each with `kernel
+serve` flags of its own: the same tree with a flag off and on, e.g.
+`--side off=/tmp/before/transports --side high=transports,--grpc-infer-response-compression-level=high`.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def infer_count(http: int, model: str) -> int:
         return 0
 
 
-def start(side: str, repo: Path, ports: list[int], log: Path):
+def start(side: str, repo: Path, ports: list[int], log: Path, flags: tuple = ()):
     if side == "triton":
         cmd = peers.tritonserver_cmd(repo, *ports)
         p = subprocess.Popen(cmd, cwd="/tmp", env=peers.env(), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
@@ -68,7 +72,7 @@ def start(side: str, repo: Path, ports: list[int], log: Path):
     else:
         cmd = [str(ROOT / ".venv/bin/python"), "-c", LAUNCH, str(Path(side).resolve()), "serve",
                "--model-repository", str(repo), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
-               "--metrics-port", str(ports[2])]
+               "--metrics-port", str(ports[2]), *flags]
         p = subprocess.Popen(cmd, cwd=str(ROOT), stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                              start_new_session=True)
     t0 = time.monotonic()
@@ -91,8 +95,8 @@ def stop(p) -> None:
             pass
 
 
-def measure(side: str, args, ports: list[int], log: Path) -> dict:
-    p = start(side, args.repo, ports, log)
+def measure(side: str, args, ports: list[int], log: Path, flags: tuple = ()) -> dict:
+    p = start(side, args.repo, ports, log, flags)
     try:
         with tempfile.TemporaryDirectory() as td:
             csv = Path(td) / "pa.csv"
@@ -102,6 +106,8 @@ def measure(side: str, args, ports: list[int], log: Path) -> dict:
                    "--max-trials", "3", "-f", str(csv)]
             if args.shape:
                 cmd += ["--shape", args.shape]
+            if args.input_data:
+                cmd += ["--input-data", args.input_data]
             n0, c0, g0 = infer_count(ports[0], args.model), harness.cpu_seconds(p.pid), group_cpu_s(p.pid)
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             out = subprocess.run(cmd, env=peers.env(), capture_output=True, text=True, timeout=300)
@@ -135,13 +141,25 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--port", type=int, default=29110)
     ap.add_argument("--out", type=Path, default=Path("/tmp/grpc_ab.json"))
+    ap.add_argument("--input-data", default="", help="perf_analyzer's --input-data (random, zero, a file)")
+    ap.add_argument("--side", action="append", default=[], metavar="LABEL=DIR[,FLAG...]",
+                    help="a side with its own transports folder and kernel serve flags (instead of --a/--b)")
     args = ap.parse_args()
-    sides = (["triton"] if args.triton else []) + [args.a, args.b]
+    sides = (["triton"] if args.triton else []) + ([] if args.side else [args.a, args.b])
+    flags_of: dict[str, tuple] = {}
+    folder_of: dict[str, str] = {}
+    for spec in args.side:
+        label, _, rest = spec.partition("=")
+        folder, *flags = rest.split(",")
+        sides.append(label)
+        folder_of[label], flags_of[label] = folder, tuple(flags)
     ports = [args.port, args.port + 1, args.port + 2]
     results = []
     for rnd in range(args.rounds):
         for side in sides:
-            r = measure(side, args, ports, Path(f"/tmp/grpc_ab_{len(results)}.log"))
+            r = measure(folder_of.get(side, side), args, ports, Path(f"/tmp/grpc_ab_{len(results)}.log"),
+                        flags_of.get(side, ()))
+            r["side"] = side
             r["round"] = rnd
             r["load"] = os.getloadavg()[0]
             results.append(r)

@@ -115,12 +115,20 @@ class H2Outcome:
 
     def __init__(self) -> None:
         self.resets = 0
+        self.ended = 0  # streams the server ended with trailers (a gRPC status, e.g. RESOURCE_EXHAUSTED)
         self.goaway = False
         self.closed = False
 
+    def cut(self, streams: int) -> bool:
+        return self.goaway or self.closed or self.resets + self.ended >= streams
+
 
 def watch_h2(sock: socket.socket, deadline: float, streams: int) -> H2Outcome:
-    """Read frames (never granting window) until every stream is reset, GOAWAY, close, or the deadline."""
+    """Read frames (never granting window) until every stream is reset or ended, GOAWAY, close, or the deadline.
+
+    A stream the server gives up on may end with trailers (HEADERS with END_STREAM) rather than
+    RST_STREAM: with a zero window no DATA can precede them, so an END_STREAM HEADERS frame here is
+    always a trailers-only end, the status the server chose (HPACK hides its text)."""
     out = H2Outcome()
     buf = b""
     while time.monotonic() < deadline:
@@ -145,10 +153,10 @@ def watch_h2(sock: socket.socket, deadline: float, streams: int) -> H2Outcome:
                 out.resets += 1
             elif kind == GOAWAY:
                 out.goaway = True
-            elif kind == HEADERS and buf[4] & 1 and b"grpc-status" not in buf[9:9 + n]:
-                pass
+            elif kind == HEADERS and buf[4] & 1:
+                out.ended += 1
             buf = buf[9 + n:]
-        if out.goaway or out.resets >= streams:
+        if out.cut(streams):
             return out
     return out
 
@@ -350,7 +358,7 @@ class Ownership:
                 out = watch_h2(s, time.monotonic() + self.stall_s + 30, streams)
         except OSError as exc:
             return f"LOST {type(exc).__name__}"
-        return "cut (expected)" if (out.goaway or out.closed or out.resets >= streams) else "HELD PAST THE STALL TIMEOUT"
+        return "cut (expected)" if out.cut(streams) else "HELD PAST THE STALL TIMEOUT"
 
     async def stalled_upload_loop(self) -> None:
         """Every 30 s: an HTTP body and a gRPC message sent half-way, then nothing: each cut in time."""
@@ -391,4 +399,4 @@ class Ownership:
                 out = watch_h2(s, time.monotonic() + self.stall_s + 30, 1)
         except OSError as exc:
             return f"LOST {type(exc).__name__}"
-        return "cut (expected)" if (out.goaway or out.closed or out.resets) else "HELD PAST THE STALL TIMEOUT"
+        return "cut (expected)" if out.cut(1) else "HELD PAST THE STALL TIMEOUT"

@@ -35,7 +35,9 @@ class Case:
     request: object = None  # gRPC: the request as a dict (a list of them for "stream")
     metadata: tuple = ()
     compare: str = "full"
-    # Bodies may hold "{mme}", "{shm_key}" and "{add_sub_model_py}": filled in at run time.
+    timeout: float = 60.0  # "stream": what arrived by then is the answer
+    # Bodies may hold "{mme}", "{shm_key}", "{add_sub_model_py}" and "{metrics_port}" (the peer's
+    # own): filled in at run time.
 
 
 def _json(doc) -> bytes:
@@ -55,8 +57,8 @@ def rpc(id_, name, request=None, compare="full", metadata=()) -> Case:
     return Case(id_, "grpc", rpc=name, request=request or {}, compare=compare, metadata=metadata)
 
 
-def stream(id_, requests, compare="full") -> Case:
-    return Case(id_, "stream", request=requests, compare=compare)
+def stream(id_, requests, compare="full", timeout=60.0) -> Case:
+    return Case(id_, "stream", request=requests, compare=compare, timeout=timeout)
 
 
 # ---- request bodies ---------------------------------------------------------------------------
@@ -100,6 +102,31 @@ def grpc_add_sub(model="add_sub", version="", dtype="FP32", shape=(4,), raw=True
     return request
 
 
+def _bytes_tensor(*items: bytes) -> str:
+    """raw_input_contents of a BYTES tensor: each element with its 4-byte length first."""
+    return base64.b64encode(b"".join(struct.pack("<I", len(i)) + i for i in items)).decode()
+
+
+def batch_mix(value: int, mode: str) -> dict:
+    """One request to batch_mix: answered its MODE's way (see its model.py)."""
+    return {"model_name": "batch_mix", "id": mode, "inputs": [
+        {"name": "IN", "datatype": "INT32", "shape": [1, 1]}, {"name": "MODE", "datatype": "BYTES", "shape": [1, 1]}],
+        "raw_input_contents": [base64.b64encode(struct.pack("<i", value)).decode(), _bytes_tensor(mode.encode())]}
+
+
+def async_bls_for(i: int, wait_s: float) -> dict:
+    return {"model_name": "async_bls_for", "id": str(i), "inputs": [{"name": "WAIT_S", "datatype": "FP32", "shape": [1, 1]}],
+            "raw_input_contents": [base64.b64encode(struct.pack("<f", wait_s)).decode()]}
+
+
+def chunked(body: bytes, count: int, size: int = 8) -> bytes:
+    """`body` as a chunked HTTP body of exactly `count` non-empty chunks (JSON whitespace after it):
+    sent in one piece, so the server's reads split some chunks between them."""
+    pieces = [body[i:i + size] for i in range(0, len(body), size)]
+    pieces += [b" " * size] * (count - len(pieces))
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
 CONFIG_OVERRIDE = json.dumps({
     "backend": "python", "max_batch_size": 0,
     "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]},
@@ -108,9 +135,13 @@ CONFIG_OVERRIDE = json.dumps({
                {"name": "OUTPUT1", "data_type": "TYPE_FP32", "dims": [4]}],
 })
 MODEL_PY = "{add_sub_model_py}"  # replaced by the runner with add_sub's model.py, base64
+# A config override named otherwise than the model being loaded: what Triton's QA model_control
+# test sends for 'model{test}' (curl takes the braces for a glob and loads 'modeltest').
+MISNAMED_OVERRIDE = json.dumps({**json.loads(CONFIG_OVERRIDE), "name": "model{test}"})
 
 
 ONE_INPUT = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]}
+ONE_INPUT_1 = {"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
 RESTRICTED_HEADER = {RESTRICTED_KEY: RESTRICTED_VALUE}
 RESTRICTED_METADATA = ((f"triton-grpc-protocol-{RESTRICTED_KEY}", RESTRICTED_VALUE),)
 
@@ -301,8 +332,6 @@ CASES: list[Case] = [
     rpc("grpc-infer-raw-and-shape-disagree", "ModelInfer", grpc_add_sub(raw_input_contents=[
         base64.b64encode(struct.pack("<3f", 1, 2, 3)).decode(), base64.b64encode(struct.pack("<4f", *V4)).decode()])),
     rpc("grpc-infer-no-data", "ModelInfer", grpc_add_sub(raw=False)),
-    rpc("grpc-infer-extra-raw-contents", "ModelInfer", grpc_add_sub(raw_input_contents=[
-        base64.b64encode(struct.pack("<4f", *V4)).decode()] * 3)),
     rpc("grpc-infer-unknown-output", "ModelInfer", grpc_add_sub(outputs=[{"name": "NOPE"}])),
     rpc("grpc-infer-bad-parameter", "ModelInfer",
         grpc_add_sub(parameters={"priority": {"string_param": "high"}})),
@@ -332,6 +361,9 @@ CASES: list[Case] = [
     rpc("grpc-log-settings", "LogSettings", {}),
     rpc("grpc-statistics-all", "ModelStatistics", {}),
     rpc("grpc-statistics-version", "ModelStatistics", {"name": "add_sub", "version": "1"}),
+    # after every statistics row: Triton runs it (one more add_sub inference), Kernel refuses it
+    rpc("grpc-infer-extra-raw-contents", "ModelInfer", grpc_add_sub(raw_input_contents=[
+        base64.b64encode(struct.pack("<4f", *V4)).decode()] * 3)),
     rpc("grpc-model-ready-version", "ModelReady", {"name": "add_sub", "version": "1"}),
     rpc("grpc-model-ready-bad-version", "ModelReady", {"name": "add_sub", "version": "x"}),
     rpc("grpc-shm-register", "SystemSharedMemoryRegister", {"name": "peer_g1", "key": "{shm_key}", "byte_size": 32}),
@@ -423,6 +455,25 @@ CASES: list[Case] = [
     # ---- metrics --------------------------------------------------------------------------------
     get("metrics", "/metrics", endpoint="metrics", compare="status"),
     get("metrics-other-path", "/other", endpoint="metrics", compare="status"),
+    # ---- issue 26: batched response senders, async BLS, self-checks, chunk count, names -----------
+    post("load-batch-mix", "/v2/repository/models/batch_mix/load", b""),
+    stream("grpc-stream-batch-response-senders", [
+        batch_mix(1, "return"), batch_mix(2, "send_then_final"), batch_mix(3, "send_after_then_final")]),
+    post("load-async-bls-for", "/v2/repository/models/async_bls_for/load", b""),
+    post("load-async-sleep", "/v2/repository/models/async_sleep/load", b""),
+    stream("grpc-stream-async-bls-warm", [async_bls_for(0, 0.0)]),
+    # four executes of 1 to 1.45 s awaiting BLS side by side: all four within 3 s (one after the other:
+    # 4.9 s), answered in the order they finish (150 ms apart)
+    stream("grpc-stream-async-bls-concurrent", [async_bls_for(i, 1.0 + 0.15 * i) for i in range(4)], timeout=3.0),
+    post("load-tensor-arg-order", "/v2/repository/models/tensor_arg_order/load", b""),
+    post("infer-tensor-arg-order", "/v2/models/tensor_arg_order/infer", ONE_INPUT_1),
+    post("load-metrics-self-check", "/v2/repository/models/metrics_self_check/load", b""),
+    post("infer-metrics-self-check", "/v2/models/metrics_self_check/infer", {"inputs": [
+        {"name": "METRICS_URL", "datatype": "BYTES", "shape": [1], "data": ["http://127.0.0.1:{metrics_port}/metrics"]}]}),
+    post("sagemaker-invocations-chunked-at-max", "/invocations", chunked(_json(add_sub()), 65536),
+         endpoint="sagemaker", headers={"Transfer-Encoding": "chunked", "Content-Type": "application/json"}),
+    post("load-override-named-otherwise", "/v2/repository/models/modeltest/load",
+         {"parameters": {"config": MISNAMED_OVERRIDE, "file:1/model.py": MODEL_PY}}),
     # ---- last: loads that name a serving model (a failed one may take it down) -----------------
     post("load-bad-json", "/v2/repository/models/add_sub/load", b"{nope"),
     post("load-bad-config-override", "/v2/repository/models/add_sub/load", {"parameters": {"config": "{not json"}}),

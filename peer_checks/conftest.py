@@ -19,6 +19,8 @@ EXAMPLES = _tests.EXAMPLES
 ROOT = _tests.ROOT
 TEST_MODELS = _tests.TEST_MODELS
 free_ports = _tests.free_ports
+KernelProcess = _tests.KernelProcess
+running = _tests.running
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -49,6 +49,7 @@ DIFFERENCES: dict[str, str] = {
     "load-files-without-config": _CLIENT_ERRORS,
     "load-file-escapes": _CLIENT_ERRORS,
     "load-bad-config-override": _CLIENT_ERRORS,
+    "load-override-named-otherwise": _CLIENT_ERRORS + " (the words are Triton's, 'failed to load' first)",
     "load-bad-parameter-type": _CLIENT_ERRORS + " (the words are Triton's)",
     "repository-index-ready-not-bool": _CLIENT_ERRORS + " (the words are Triton's)",
     "shm-register-no-such-key": _SHM_CLIENT_ERRORS,
@@ -115,6 +116,13 @@ DIFFERENCES: dict[str, str] = {
         "Kernel refuses redirects that change server state (load/unload, shared-memory register/"
         "unregister) with 403: the predict route is open to every caller of the endpoint, the "
         "repository API usually is not; Triton 2.51 performs them",
+    "grpc-compression-grpcio-other-rpcs":
+        "--grpc-infer-response-compression-level with --grpc-server grpcio (Kernel only): the answers of every "
+        "RPC are compressed (ModelMetadata, ModelConfig, ServerLive...), where tritonserver 2.51 compresses "
+        "ModelInfer and ModelStreamInfer answers only. grpcio offers a server-wide level or a per-call algorithm "
+        "that ignores what the client accepts, and no handler sees grpc-accept-encoding; the algorithm chosen "
+        "per level is the same. Clients read the compressed answers all the same; the native (default) and "
+        "grpclib servers match Triton (peer_checks/test_grpc_compression_against_triton.py)",
 }
 
 # case id -> what differs, and which part of Kernel owns the fix (not deliberate: to be fixed)
@@ -128,8 +136,21 @@ NOT_SENT: dict[str, str] = {
         "Triton refuses with 'Invalid stub name: contains invalid characters', which Kernel answers "
         "(400) at once: tests/loading/test_repository_api.py::test_shell_characters_in_a_name_get_tritons_words",
     "POST /v2/repository/models/missing_model_py/load (no model.py in the version folder)":
-        "Triton 2.51 never answers the load (the model stays LOADING); Kernel fails it at once with the "
-        "path it looked for: tests/core/test_model_lifecycle.py (missing_model_py)",
+        "Triton 2.51 never answers the load (the model stays LOADING), after its stub logged 'Failed to "
+        "preinitialize Python stub: Python model file not found in '<path>''; Kernel fails the load at once "
+        "with those words (its log: failed to load '<name>' version 1: Failed to preinitialize ...): "
+        "tests/core/test_model_lifecycle.py (missing_model_py)",
+    "A model whose EXECUTION_ENV_PATH archive has a member outside its folder ('../..', an absolute path)":
+        "Triton 2.51 unpacks it, writing outside the folder (later Triton refuses it, logging libarchive's "
+        "'Path contains '..'' / 'Path is absolute', which its QA env/test.sh looks for); Kernel refuses it "
+        "with those words: tests/backends/test_execution_env.py::test_refused_environments_fail_the_load_clearly",
+    "SageMaker POST /models with a url /opt/ml/models/<hash>/model naming the model folder itself":
+        "the table's repositories live under a temporary folder and tritonserver only takes this form under "
+        "/opt/ml/models; measured by hand with 2.51 (a private /opt in a mount namespace): modelUrl "
+        "'/opt/ml/models/<hash>' in GET /models/<name>, and a second load of that folder (with or without a "
+        "trailing '/') 409 \"model repository '/opt/ml/models/<hash>' has already been registered\"; a "
+        "repository url stays as given. Kernel answers the same for <parent>/model anywhere: "
+        "tests/transports/test_sagemaker.py::test_multi_model_load_invoke_unload",
     "SageMaker POST /models with a body that is not JSON":
         "Triton 2.51 aborts (std::out_of_range, the whole server exits); Kernel answers 400: "
         "tests/transports/test_sagemaker.py::test_multi_model_bad_loads",
@@ -142,5 +163,7 @@ NOT_SENT: dict[str, str] = {
         "several models Kernel answers Triton's 404: tests/transports/test_sagemaker.py::test_default_model_selection",
     "Chunked /invocations body of 65537 one-byte chunks":
         "Triton 2.51 has no cap (later Triton caps at 65536 non-empty chunks with the words Kernel uses): "
-        "tests/transports/test_sagemaker.py::test_chunked_invocations_body_is_capped_at_65536_chunks",
+        "tests/transports/test_sagemaker.py::test_chunked_invocations_body_is_capped_at_65536_chunks. "
+        "A body of exactly 65536 chunks, some read in two pieces, is in the table "
+        "(sagemaker-invocations-chunked-at-max): both serve it",
 }

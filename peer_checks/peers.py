@@ -49,6 +49,13 @@ MODELS = {
     "wrong_type": TEST_MODELS / "good" / "wrong_type",
     "error_response": TEST_MODELS / "good" / "error_response",
     "crasher": TEST_MODELS / "good" / "crasher",
+    # issue 26: a batched model answering through response senders, async executes awaiting BLS,
+    # self-checks a model runs on pb_utils and on its own metrics
+    "batch_mix": TEST_MODELS / "model_process" / "batch_mix",
+    "async_sleep": TEST_MODELS / "model_process" / "async_sleep",
+    "async_bls_for": TEST_MODELS / "model_process" / "async_bls_for",
+    "tensor_arg_order": TEST_MODELS / "model_process" / "tensor_arg_order",
+    "metrics_self_check": TEST_MODELS / "model_process" / "metrics_self_check",
 }
 STARTUP_MODELS = ("add_sub", "string_identity", "repeat_int32", "raises")
 # auto_complete_config raising: the one stage before initialize that model.py code runs in
@@ -268,7 +275,8 @@ def send_grpc(peer: Peer, rpc: str, request: dict, metadata: tuple = (), timeout
 
 
 def send_grpc_stream(peer: Peer, requests: list[dict], timeout: float = 60.0) -> Answer:
-    """ModelStreamInfer: every streamed response (or its error_message), in order."""
+    """ModelStreamInfer: every streamed response (or its error_message), in order; what came
+    within `timeout` seconds when the call runs out of time."""
     import grpc
     from google.protobuf import json_format
     from tritonclient.grpc import service_pb2, service_pb2_grpc

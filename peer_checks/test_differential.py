@@ -75,11 +75,14 @@ def _fill(data, pair):
 
 def _send(peer: peers.Peer, case: Case, pair) -> peers.Answer:
     if case.kind == "http":
-        return peers.send_http(peer, case.endpoint, case.method, case.path, _fill(case.body, pair), case.headers)
+        body = _fill(case.body, pair)
+        if body is not None:  # the peer's own metrics port, for a model that reads its metrics page
+            body = body.replace(b"{metrics_port}", str(peer.ports.metrics).encode())
+        return peers.send_http(peer, case.endpoint, case.method, case.path, body, case.headers)
     if case.kind == "grpc":
         request = json.loads(_fill(json.dumps(case.request).encode(), pair))
         return peers.send_grpc(peer, case.rpc, request, case.metadata)
-    return peers.send_grpc_stream(peer, case.request)
+    return peers.send_grpc_stream(peer, case.request, case.timeout)
 
 
 def _view(answer: peers.Answer, case: Case, base: str):

@@ -43,6 +43,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from kernel.core.holding import HeldBytes
+from kernel.transports.reset import reset
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._last_read = 0.0
         self._timer: Optional[asyncio.TimerHandle] = None
         self._chunked = False  # the request being read has Transfer-Encoding: chunked
-        self._body_pieces = 0  # non-empty body pieces of that request so far (one or more per chunk)
+        self._body_chunks = 0  # non-empty chunks of that request so far
+        self._chunk_counted = False  # the chunk being read is counted (its data may come in pieces)
         # A refusal (garbage's 400, a body too large) due once the answers to the requests before it are out.
         self._deferred: Optional[Callable[[], None]] = None
         self._half_closed = False  # the client sent EOF after whole requests: answer them, then close
@@ -205,7 +207,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # A timer still set for the headers (the connection's first request) would let a body pause
         # for the header timeout, not the body's: the read's end re-arms it for the body if needed.
         self._disarm()
-        self._body_pieces = 0
+        self._body_chunks = 0
         chunked = False
         for name, value in self.headers:  # names are lower case already (uvicorn's on_header)
             if name == b"transfer-encoding" and b"chunked" in value.lower():
@@ -239,11 +241,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.scope["kernel.transport"] = self.transport
         super().on_headers_complete()
 
+    def on_chunk_header(self) -> None:
+        self._chunk_counted = False
+
     def on_body(self, body: bytes) -> None:
-        if self._chunked and body:
-            # httptools hands over each chunk's data (a chunk split across two reads comes in two pieces).
-            self._body_pieces += 1
-            if self._body_pieces > self.limits.max_body_chunks:
+        if self._chunked and body and not self._chunk_counted:
+            # Chunks, not pieces: httptools hands over a chunk split across two reads in two pieces,
+            # and a body of exactly the maximum count must pass, as tritonserver counts it.
+            self._chunk_counted = True
+            self._body_chunks += 1
+            if self._body_chunks > self.limits.max_body_chunks:
                 self._refuse(b"400 Bad Request", (CHUNKS_MESSAGE % self.limits.max_body_chunks).encode())
                 raise httptools.HttpParserError("too many body chunks")
         self.body_received(body)
@@ -354,9 +361,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         return transport.get_write_buffer_size() if transport is not None else 0
 
     def cut(self, reason: str) -> None:
-        """Drop the client: abort() discards the write buffer and with it the answer's buffers."""
+        """Drop the client: abort() discards the write buffer and with it the answer's buffers; a
+        reset, so the kernel's send buffer goes too and the client sees the cut."""
         if self.transport is not None:
-            self.transport.abort()
+            reset(self.transport)
 
     def transferring(self) -> bool:
         """A body is being read, or an answer is still being written (the drain at shutdown waits)."""

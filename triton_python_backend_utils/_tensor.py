@@ -10,12 +10,17 @@ from ._errors import TritonModelException
 from ._types import DATATYPE_OF_NUMPY, TYPE_CODE_OF_DATATYPE, datatype_of_array
 
 
-def _check_tensor_name(name):
+def _tensor_name_type(name):
     """The name as str; bytes are decoded, as Triton's binding converts them."""
     if isinstance(name, bytes):
         name = name.decode("utf-8")
     if not isinstance(name, str):
         raise TypeError("Tensor name must be a str, got " + type(name).__name__)
+    return name
+
+
+def _check_tensor_name(name):
+    name = _tensor_name_type(name)
     if name == "":
         raise TritonModelException("Tensor name cannot be an empty string.")
     return name
@@ -48,12 +53,15 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype", "_lent", "__weakref__")
 
     def __init__(self, name, numpy_array):
-        name = _check_tensor_name(name)
+        name = _tensor_name_type(name)
         if not isinstance(numpy_array, np.ndarray):
-            # Triton's binding takes numpy arrays only: a list is a TypeError, not converted.
+            # Triton's binding takes numpy arrays only: a list is a TypeError, not converted. Both
+            # arguments' types are checked before the name's value: Tensor("", None) is a TypeError.
             raise TypeError(
                 "Tensor(): 'numpy_array' must be a numpy.ndarray, got " + type(numpy_array).__name__
             )
+        if name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
         datatype = datatype_of_array(numpy_array)
         if not numpy_array.flags.c_contiguous:
             numpy_array = np.ascontiguousarray(numpy_array)

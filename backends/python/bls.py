@@ -156,7 +156,12 @@ class BlsClient:
 
     async def _async_answer(self, call: _Call, decoupled: bool):
         if decoupled:
-            return call.stream  # responses are yielded as they arrive
+            # Resolved once the first response is there, as Triton's async_exec(decoupled=True)
+            # resolves with its ResponseIterator: a plain `for` over a callee that answered at
+            # once (its one response with the FINAL flag) then never holds the loop, so other
+            # executes keep running meanwhile. Later responses are yielded as they arrive.
+            await call.stream.first()
+            return call.stream
         return await call.future
 
     def cancel(self, key: int) -> None:

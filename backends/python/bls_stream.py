@@ -1,5 +1,6 @@
 """The responses of `await request.async_exec(decoupled=True)`, as they arrive.
 
+The awaited call resolves once the first response is there (as Triton's does).
 Iterate with `async for` inside an `async def execute`: each response is
 yielded when it arrives, the callee's empty final one included, and the
 iteration ends after it. A plain `for` works too, as over Triton's
@@ -40,6 +41,15 @@ class AsyncResponseStream:
 
     def _ready(self) -> bool:
         return bool(self._items) or self._ended
+
+    async def first(self) -> None:
+        """Wait, without holding the loop, until the first response (or the end) is there."""
+        while not self._ready():
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     # ---- async for ----------------------------------------------------------------
 

@@ -105,11 +105,12 @@ def _member_path(name: str) -> str:
     """The member's path relative to the destination; UnsafeArchive if it has none."""
     if "\0" in name:
         raise UnsafeArchive(f"member {name!r} has a NUL byte in its name")
+    # libarchive's words, which Triton's Python backend logs for these (and its QA looks for)
     if name.startswith("/") or name.startswith("\\"):
-        raise UnsafeArchive(f"member '{name}' has an absolute path")
+        raise UnsafeArchive(f"member '{name}': Path is absolute")
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise UnsafeArchive(f"member '{name}' has a '..' path component")
+        raise UnsafeArchive(f"member '{name}': Path contains '..'")
     return "/".join(parts)
 
 

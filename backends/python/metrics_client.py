@@ -1,8 +1,8 @@
 """Custom metrics across the process boundary.
 
 Worker side: `MetricsClient`, installed as `pb_utils._metrics_handler`. Metric
-operations are fire-and-forget messages (batched per loop iteration, in
-order); only creating a family (which can fail on a kind conflict with another
+operations are fire-and-forget messages, written when they are made (in order);
+only creating a family (which can fail on a kind conflict with another
 model) and reading a value wait for the front process's answer, and only when
 called from the model's thread. Called on the worker's event loop (an
 `async def execute`) they cannot wait: a family is then checked against what
@@ -135,8 +135,12 @@ class MetricsClient:
             if self._flush_pending:
                 return
             self._flush_pending = True
+        # Written at the call, as Triton's stub waits for the server to apply each operation: a model
+        # that reads the metrics page right after (its own self-check, over HTTP) sees it applied.
+        # A synchronous execute on the loop writes straight to the socket (direct mode); on the loop
+        # call_on_loop flushes at once; a model thread's operation leaves with the loop's next turn.
         if self.worker.pumping_here():
-            self.worker.loop.call_soon(self._flush)  # batched until the inline execute returns
+            self._flush()
         else:
             self.worker.call_on_loop(self._flush)
 

@@ -42,6 +42,11 @@ _DEFAULT_FILENAME_FOR_PLATFORM = {
 _TWO_CPU_INSTANCE_BACKENDS = frozenset({"tensorflow", "onnxruntime"})
 
 
+def folder_name_mismatch(folder: str, name: str) -> str:
+    """Triton's words for a config whose name is not its folder's (a poll failure there)."""
+    return f"unexpected directory name '{folder}' for model '{name}', directory name must equal model name"
+
+
 def normalize_config(
     cfg: ModelConfig,
     model_name: str,
@@ -69,10 +74,7 @@ def normalize_config(
     """
     _complete_backend_fields(cfg, model_name, model_path)
     if cfg.name != model_name:
-        raise invalid(
-            f"unexpected directory name '{model_name}' for model '{cfg.name}', "
-            "directory name must equal model name"
-        )
+        raise invalid(folder_name_mismatch(model_name, cfg.name))
     if autocomplete_supports_batching is not None:
         apply_default_max_batch_size(cfg, default_max_batch_size, supports_batching=autocomplete_supports_batching)
     _normalize_scheduling(cfg)

@@ -12,7 +12,12 @@ which module holds each.
 
 from __future__ import annotations
 
-from kernel.config.complete import apply_autocomplete, apply_default_max_batch_size, normalize_config
+from kernel.config.complete import (
+    apply_autocomplete,
+    apply_default_max_batch_size,
+    folder_name_mismatch,
+    normalize_config,
+)
 from kernel.config.constants import (
     ENSEMBLE_PLATFORM,
     PYTHON_BACKEND,
@@ -34,6 +39,7 @@ __all__ = [
     "config_from_dict",
     "config_from_json",
     "normalize_config",
+    "folder_name_mismatch",
     "apply_default_max_batch_size",
     "apply_autocomplete",
     "validate_config",

@@ -324,6 +324,10 @@ class ModelControl:
                     # tritonserver: a config.pbtxt it cannot parse fails the poll (500), and the
                     # model is left as it was (the index lists its name only).
                     raise _poll_failed(name, unreadable, ErrorCode.INTERNAL)
+            if cfg is not None and cfg.name and cfg.name != name:
+                # Found when tritonserver polls the folder, before any load: its words say
+                # "failed to load" (scripts match them), not a version's failure.
+                raise _poll_failed(name, config_pbtxt.folder_name_mismatch(name, cfg.name))
             if cfg is not None and cfg.HasField("ensemble_scheduling"):
                 for step in dict.fromkeys(s.model_name for s in cfg.ensemble_scheduling.step):
                     try:
@@ -341,9 +345,9 @@ class ModelControl:
     async def _locate(self, name: str) -> repository.ModelDir:
         roots = await asyncio.to_thread(repository.folders_named, self.server.options.model_repositories, name)
         if len(roots) > 1:
-            raise _poll_failed(name, "not unique across all model repositories", ErrorCode.INTERNAL)
+            raise _poll_failed(name, "not unique across all model repositories", ErrorCode.INTERNAL, found=False)
         if not roots:
-            raise _poll_failed(name, "model not found in any model repository.")
+            raise _poll_failed(name, "model not found in any model repository.", found=False)
         try:
             return await asyncio.to_thread(
                 repository.scan_model_dir, roots[0] / name, self.server.options.model_config_name or None
@@ -549,13 +553,18 @@ class ModelControl:
         return out
 
 
-def _poll_failed(name: str, detail: str, code: ErrorCode = ErrorCode.INVALID_ARG) -> KernelError:
+def _poll_failed(name: str, detail: str, code: ErrorCode = ErrorCode.INVALID_ARG, found: bool = True) -> KernelError:
     """Triton's answer when the model's folder cannot be used; the detail says why.
 
     Triton answers all of these 500; most are the client's mistake (an unknown model, a bad
     override), so they are INVALID_ARG (400) here and only the server's own trouble is INTERNAL.
+    Its log says "failed to poll model" when no folder was found, "Poll failed for model
+    directory" when one was and cannot be used (tritonserver 2.51's two lines).
     """
-    log.error("failed to poll model '%s': %s", name, detail)
+    if found:
+        log.error("Poll failed for model directory '%s': %s", name, detail)
+    else:
+        log.error("failed to poll model '%s': %s", name, detail)
     return KernelError(code, f"failed to load '{name}', failed to poll from model repository: {detail}")
 
 

@@ -181,7 +181,7 @@ class ModelLoader:
             else:
                 model_file = backend.model_file(md.versions[model.version], cfg)
                 if model_file is not None and not model_file.is_file():
-                    raise KernelError(ErrorCode.INVALID_ARG, f"unable to find '{model_file}' for model '{md.name}'")
+                    raise KernelError(ErrorCode.INVALID_ARG, _missing_model_file(model_file, cfg.backend, md.name))
                 model.instances = await backend.load(model.source)
             model.stats.observer = self.server.metrics_config.observer_for(model)
             for inst in model.instances:
@@ -275,3 +275,15 @@ def _defines_auto_complete(model_file: Optional[Path]) -> bool:
         return "auto_complete_config" in model_file.read_text(errors="replace")
     except OSError:
         return False
+
+
+def _missing_model_file(model_file: Path, backend: str, model_name: str) -> str:
+    """Why a version without its model file fails, in the words tritonserver users find in its log.
+
+    Triton's Python backend stub says it ("Failed to preinitialize Python stub: Python model file
+    not found in '<path>'", then 2.51 leaves the load hanging where Kernel fails it at once); other
+    backends get the core's words.
+    """
+    if backend == config_pbtxt.PYTHON_BACKEND:
+        return f"Failed to preinitialize Python stub: Python model file not found in '{model_file}'"
+    return f"unable to find '{model_file}' for model '{model_name}'"

@@ -57,14 +57,13 @@ NO_EFFECT_FLAGS = {
 # tritonserver flags whose features Kernel does not have yet.
 NOT_YET_FLAGS = {
     "model-namespacing",
-    "grpc-infer-response-compression-level",
     "rate-limit", "rate-limit-resource", "allow-client-shm",
 }
 
 
 # The value of a not-yet flag that asks for nothing Kernel lacks (tritonserver's default, feature
 # off): a start-up script that spells the default out still starts.
-NOT_YET_DEFAULTS = {"model-namespacing": "false", "rate-limit": "off", "grpc-infer-response-compression-level": "none"}
+NOT_YET_DEFAULTS = {"model-namespacing": "false", "rate-limit": "off"}
 
 
 class _NotYet(argparse.Action):
@@ -216,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
       help="milliseconds after the GOAWAY of --grpc-max-connection-age before the connection is closed")
     a("--grpc-restricted-protocol", action="append", default=[], metavar="<apis>:<key>=<value>",
       help="gRPC APIs that answer only with metadata triton-grpc-protocol-<key>: <value> (repeatable)")
+    # tritonserver reads the level in any case and names the flag with underscores when it refuses one.
+    levels = ("none", "low", "medium", "high")  # transports/grpc/compression.py LEVELS
+    a("--grpc-infer-response-compression-level", default="none", metavar="{" + ",".join(levels) + "}",
+      type=choice("--grpc_infer_response_compression_level", levels, fold_case=True),
+      help="compression of ModelInfer and ModelStreamInfer answers: the level picks gzip or deflate among "
+           "the algorithms the client accepts (grpc-accept-encoding)")
     a("--grpc-server", type=choice("--grpc-server", ("native", "grpclib", "grpcio")), default=None,
       metavar="{native,grpclib,grpcio}", help="Kernel only: the gRPC server implementation (None: native)")
 

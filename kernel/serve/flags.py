@@ -153,7 +153,7 @@ FLAG_KINDS = {
     "reuse-http-port": parse_bool, "reuse-grpc-port": parse_bool, "enable-peer-access": parse_bool,
     "host-policy": str, "model-load-gpu-limit": str, "repoagent-directory": str,
     "sagemaker-thread-count": parse_int, "vertex-ai-thread-count": parse_int,
-    "model-namespacing": parse_bool, "grpc-infer-response-compression-level": str,
+    "model-namespacing": parse_bool,
     "cache-directory": str,
     "rate-limit": str, "rate-limit-resource": str, "allow-client-shm": parse_bool,
 }
@@ -173,7 +173,6 @@ FLAG_GROUPS = {
     "response-cache-byte-size": "DEPRECATED", "allow-client-shm": "Server",
     "grpc-http2-min-recv-ping-interval-without-data": "GRPC", "grpc-http2-max-ping-strikes": "GRPC",
     "grpc-max-connection-age": "GRPC", "grpc-max-connection-age-grace": "GRPC",
-    "grpc-infer-response-compression-level": "GRPC",
 }
 
 

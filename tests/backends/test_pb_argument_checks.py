@@ -108,6 +108,8 @@ TRITON = {
     'Request request_id bytes': ('', None),
     'Request flags bool': ('', None),
     'Tensor name empty': ('TritonModelException', 'Tensor name cannot be an empty string.'),
+    'Tensor name empty array None': ('TypeError', None),  # Triton's QA model argument_validation checks it
+    'Tensor from_dlpack name empty None': ('TritonModelException', 'Tensor name cannot be an empty string.'),
     'Metric increment str': ('TypeError', None),
     'Metric increment int': ('', None),
     'Metric set str': ('TypeError', None),

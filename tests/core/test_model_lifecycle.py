@@ -29,7 +29,8 @@ def _ready(k) -> int:
     [
         ("init_fails", "initialize refused to start"),
         ("syntax_error", "SyntaxError"),
-        ("missing_model_py", "model.py"),
+        # the Python backend stub's words, which tritonserver users find in its log
+        ("missing_model_py", "Failed to preinitialize Python stub: Python model file not found in '"),
         ("broken_config", "config.pbtxt"),
     ],
 )

@@ -184,3 +184,19 @@ def test_over_the_bound_new_requests_get_503_naming_it(server):
     while small_infer(server).status_code != 200:
         assert time.monotonic() < deadline, "requests were still refused after the answer was delivered"
         time.sleep(0.1)
+
+
+def test_a_cut_reader_gets_a_reset_at_once(server):
+    """The cut was an abort() the kernel turned into a graceful close: the bytes already in its send
+    buffer (MiBs) stayed, orphaned, while the client acknowledged zero-window probes, and the client
+    saw neither the end nor its answer (the soak's readers waited 60 s on a silent socket). A cut is
+    now a TCP reset: the kernel frees that buffer and the client learns at its next read."""
+    s = never_reading(server)
+    s.sendall(echo_request(ANSWER))
+    time.sleep(STALL_S + 3)  # the stall timeout runs out while nothing is read
+    s.settimeout(5)
+    with pytest.raises(ConnectionResetError):
+        while s.recv(1 << 20):  # what the socket already holds, then the reset
+            pass
+    s.close()
+    assert small_infer(server).status_code == 200

@@ -209,6 +209,25 @@ def test_bad_config_overrides_are_refused_and_the_served_model_stays(kernel, hc,
     wait_for(lambda: _unloaded(kernel.url, "scaler"), what="scaler unloaded")
 
 
+def test_a_config_named_otherwise_fails_the_poll_in_tritons_words(kernel, hc, gc):
+    """Triton's QA (model_control_test, test_invalid_character_model_names) loads 'model{test}' with
+    curl, which takes the braces for a glob: the load is of 'modeltest', its config still named
+    'model{test}'. tritonserver 2.51 finds that when it polls the folder: 'failed to load ...,
+    failed to poll from model repository' (the QA asserts 'failed to load'), and its log says
+    'Poll failed for model directory'. Kernel: 400, the reason after ': ' (issue 14)."""
+    model_py = (CONTROL / "scaler" / "1" / "model.py").read_bytes()
+    for client in (hc, gc):
+        with pytest.raises(InferenceServerException) as err:
+            client.load_model("modeltest", config=_config("model{test}", "1"), files={"file:1/model.py": model_py})
+        assert err.value.message() == (
+            "failed to load 'modeltest', failed to poll from model repository: unexpected directory name "
+            "'modeltest' for model 'model{test}', directory name must equal model name")
+    assert kernel.wait_for_log("Poll failed for model directory 'modeltest': unexpected directory name 'modeltest' "
+                               "for model 'model{test}'", times=2)
+    assert not hc.is_model_ready("modeltest")
+    assert _override_folders(kernel) == []
+
+
 def _override_folders(kernel) -> list[str]:
     return sorted(p.name for p in Path(kernel.scratch).iterdir() if p.name.startswith("kernel-model-"))
 

@@ -156,6 +156,11 @@ def test_every_flag_of_a_kind_uses_that_kinds_parser():
         (["--exit-on-error=true", "--exit-on-error=false"], "exit_on_error", False),  # the last one wins
         (["--disable-auto-complete-config"], "disable_auto_complete_config", True),
         (["--exit-timeout-secs", "-5"], "exit_timeout_secs", -5),
+        ([], "grpc_infer_response_compression_level", "none"),
+        (["--grpc-infer-response-compression-level=HIGH"], "grpc_infer_response_compression_level", "high"),
+        (["--grpc-infer-response-compression-level", "Medium"], "grpc_infer_response_compression_level", "medium"),
+        (["--grpc-infer-response-compression-level=low"], "grpc_infer_response_compression_level", "low"),
+        (["--grpc-infer-response-compression-level=none"], "grpc_infer_response_compression_level", "none"),
     ],
 )
 def test_value_forms(argv, attribute, expected):
@@ -174,6 +179,17 @@ def test_value_forms(argv, attribute, expected):
         (["--log=1"], "option '--log=1' is ambiguous; possibilities: '--log-verbose' '--log-info' '--log-warning' "
                       "'--log-error' '--log-format' '--log-file'"),
         (["--bogus"], "unrecognized option '--bogus'"),
+        # tritonserver names this flag with underscores when it refuses a value
+        (["--grpc-infer-response-compression-level=maximum"], 'Bad option: "--grpc-infer-response-compression-level".'
+                                                              "\ninvalid argument for --grpc_infer_response_compression_level"),
+        (["--grpc-infer-response-compression-level="], 'Bad option: "--grpc-infer-response-compression-level".'
+                                                       "\ninvalid argument for --grpc_infer_response_compression_level"),
+        (["--grpc-infer-response-compression-level= high"], 'Bad option: "--grpc-infer-response-compression-level".'
+                                                            "\ninvalid argument for --grpc_infer_response_compression_level"),
+        (["--grpc-infer-response-compression-level=1"], 'Bad option: "--grpc-infer-response-compression-level".'
+                                                        "\ninvalid argument for --grpc_infer_response_compression_level"),
+        (["--grpc-infer-response-compression-level"], "option '--grpc-infer-response-compression-level' requires "
+                                                      "an argument"),
         (["--bogus=1"], "unrecognized option '--bogus=1'"),
     ],
 )

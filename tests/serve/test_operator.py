@@ -66,7 +66,8 @@ TRITON_PLACES = {
     "--strict-readiness": "Model Repository", "--model-control-mode": "Model Repository",
     "--enable-peer-access": "Model Repository", "--http-port": "HTTP", "--http-thread-count": "HTTP",
     "--http-restricted-api": "HTTP", "--grpc-port": "GRPC", "--grpc-use-ssl": "GRPC",
-    "--grpc-restricted-protocol": "GRPC", "--allow-sagemaker": "Sagemaker", "--sagemaker-safe-port-range": "Sagemaker",
+    "--grpc-restricted-protocol": "GRPC", "--grpc-infer-response-compression-level": "GRPC",
+    "--allow-sagemaker": "Sagemaker", "--sagemaker-safe-port-range": "Sagemaker",
     "--allow-vertex-ai": "Vertex", "--vertex-ai-default-model": "Vertex", "--allow-gpu-metrics": "Metrics",
     "--metrics-interval-ms": "Metrics", "--metrics-config": "Metrics", "--trace-config": "Tracing",
     "--backend-directory": "Backend", "--backend-config": "Backend", "--repoagent-directory": "Repository Agent",
@@ -121,6 +122,16 @@ def test_every_flag_has_one_line_of_help_and_its_default():
                   "ready only when every model is ready (false: ready once the server is live) (default: true)"]:
         assert shown in squashed
     assert parser.prog == "kernel"
+
+
+def test_help_offers_grpc_response_compression():
+    """--grpc-infer-response-compression-level is served now (issue 25): its values and default,
+    not the "not supported by Kernel yet" of the flags that are refused."""
+    text = " ".join(help_sections()["GRPC"].split())
+    entry = text.split("--grpc-infer-response-compression-level ", 1)[1].split(" --", 1)[0]
+    assert entry.startswith("{none,low,medium,high} ") and entry.endswith("(default: none)")
+    assert "not supported" not in entry and "refused" not in entry
+    assert "grpc-infer-response-compression-level" not in cli.NOT_YET_FLAGS
 
 
 # ---- --log-format json ----------------------------------------------------------------------

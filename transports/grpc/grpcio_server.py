@@ -4,6 +4,16 @@ Kept so the transport stays swappable and the measurements in
 benchmarks/results/grpc_servers.md can be repeated; select it with
 `GrpcOptions(server_library="grpcio")` or KERNEL_GRPC_SERVER=grpcio. grpcio is
 not a runtime dependency of Kernel (it comes with tritonclient[grpc]).
+
+--grpc-infer-response-compression-level becomes C-core's default compression level, which picks
+the algorithm among those each client accepts as tritonserver does (compression.py) but applies
+to the answers of every RPC: grpcio has no per-call level, its per-call algorithm ignores what
+the client accepts, and it does not show a handler the client's grpc-accept-encoding. Clients
+read compressed answers of the other RPCs all the same; Kernel's own server and grpclib
+compress only infer answers, as tritonserver. C-core also deflates each answer on the thread
+that runs the event loop, so a large one holds every other call meanwhile (16 MiB: 0.2-2 s on
+the development box); Kernel's own server and grpclib deflate large answers beside the loop.
+The server says so in its log when the flag is set.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ from typing import Optional
 from kernel.core.errors import KernelError
 from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec
+from kernel.transports.grpc.compression import level_index
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 from kernel.transports.grpc.service import (
     HEALTH_SERVICE,
@@ -95,6 +106,14 @@ class GrpcioServer:
                 channel_options.append(("grpc.max_connection_age_ms", options.max_connection_age_ms))
             if options.max_connection_age_grace_ms is not None:
                 channel_options.append(("grpc.max_connection_age_grace_ms", options.max_connection_age_grace_ms))
+            level = level_index(options.infer_response_compression_level)
+            if level:
+                channel_options.append(("grpc.default_compression_level", level))  # C-core's levels: 1..3
+                log.warning(
+                    "--grpc-server grpcio compresses the answers of every RPC, on the event loop's thread: "
+                    "a large answer holds every other call while it is compressed (--grpc-server native "
+                    "compresses only infer answers, large ones beside the loop)"
+                )
         self.server = aio.server(options=channel_options)
         handlers = {}
         guard = self._guard

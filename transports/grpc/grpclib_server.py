@@ -3,6 +3,11 @@
 The handlers are written by hand from the service definition rather than
 generated: each is a few lines that read one message, call InferenceService,
 and map a KernelError onto the gRPC status Triton would send.
+
+grpclib implements no compression. Compressed infer answers
+(--grpc-infer-response-compression-level, compression.py) are written by `_send_compressed`
+through the call's HTTP/2 stream, since grpclib's own methods refuse `grpc-*` headers and always
+write an uncompressed message prefix.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import asyncio
 import inspect
 import logging
 import ssl
+import time
 from typing import Optional
 
 from google.protobuf.message import DecodeError
@@ -20,7 +26,7 @@ from grpclib.server import Server as _GrpclibServer
 
 from kernel.core.errors import KernelError
 from kernel.transports.restrictions import grpc_message
-from kernel.transports.grpc import codec
+from kernel.transports.grpc import codec, compression
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 from kernel.transports.grpc.service import (
     HEALTH_SERVICE,
@@ -68,11 +74,48 @@ class _Codec:
         return message_type.FromString(data)
 
 
+async def _send_compressed(stream, algorithm: bytes, body: bytes) -> None:
+    """stream.send_message for a call whose answers are compressed with `algorithm`: the response
+    headers name it, the message goes compressed when that makes it smaller (compression.message;
+    large ones deflated beside the loop). Written through grpclib's HTTP/2 stream, keeping the
+    bookkeeping its own send_message keeps (grpclib.server.Stream, grpclib 0.4)."""
+    size = len(body)
+    if size <= compression.INLINE_BYTES:
+        chunks, _ = compression.message(algorithm, [body], size)
+    else:
+        chunks, _ = await compression.beside_loop(algorithm, [body], size)
+    if not stream._send_initial_metadata_done:
+        await stream._stream.send_headers(
+            [(":status", "200"), ("content-type", stream._content_type), ("grpc-encoding", algorithm.decode())]
+        )
+        stream._send_initial_metadata_done = True
+    await stream._stream.send_data(b"".join(chunks))
+    stream._send_message_done = True
+    stream._messages_sent += 1
+    connection = stream._stream.connection
+    connection.messages_sent += 1
+    connection.last_message_sent = time.monotonic()
+
+
 class GrpclibBinding:
     """grpclib's `IServable` for GRPCInferenceService."""
 
-    def __init__(self, service: InferenceService):
+    def __init__(self, service: InferenceService, compression_level: str = "none"):
         self.service = service
+        level = compression.level_index(compression_level)
+        self.choose_encoding = compression.Chooser(level) if level else None
+
+    def _encoding(self, stream) -> Optional[bytes]:
+        """The algorithm of this infer call's answers (None: uncompressed), from the client's
+        grpc-accept-encoding (grpclib keeps grpc-* headers out of stream.metadata; _HeadersKept
+        leaves the request's headers on its HTTP/2 stream)."""
+        if self.choose_encoding is None:
+            return None
+        accept = None
+        for name, value in stream._stream.headers or ():
+            if name == "grpc-accept-encoding":
+                accept = value if accept is None else f"{accept},{value}"
+        return self.choose_encoding(None if accept is None else accept.encode("latin-1"))
 
     def __mapping__(self) -> dict[str, Handler]:
         mapping = {}
@@ -148,14 +191,24 @@ class GrpclibBinding:
             raise _grpc_error(exc) from None
         except Exception as exc:  # noqa: BLE001
             raise _internal(exc) from None
-        await stream.send_message(response)
+        algorithm = self._encoding(stream)
+        if algorithm is None:
+            await stream.send_message(response)
+        else:
+            await _send_compressed(stream, algorithm, response.data)
 
     async def _model_stream_infer(self, stream) -> None:
         metadata = stream.metadata or {}
         grpc_error_mode = metadata.get("triton_grpc_error") == "true"
+        algorithm = self._encoding(stream)
+        if algorithm is None:
+            send = stream.send_message
+        else:
+            async def send(message) -> None:
+                await _send_compressed(stream, algorithm, message.data)
         try:
             await drive_stream(
-                self.service, _messages(stream), stream.send_message, grpc_error_mode, self._metadata(stream)
+                self.service, _messages(stream), send, grpc_error_mode, self._metadata(stream)
             )
         except StreamError as exc:
             raise GRPCError(Status(exc.code), exc.message) from None
@@ -172,14 +225,32 @@ async def _messages(stream):
         yield msg
 
 
+class _HeadersKept(_GrpclibServer):
+    """grpclib's Server, leaving each call's request headers on its HTTP/2 stream (`headers`,
+    which grpclib fills only for clients): grpclib hands them to its request handler alone."""
+
+    def _protocol_factory(self):
+        protocol = super()._protocol_factory()
+        accept = protocol.handler.accept
+
+        def keep_headers(stream, headers, release_stream) -> None:
+            stream.headers = headers
+            accept(stream, headers, release_stream)
+
+        protocol.handler.accept = keep_headers
+        return protocol
+
+
 class GrpclibServer:
     """Owns the grpclib Server: listen, and stop gracefully."""
 
-    def __init__(self, service: InferenceService, config=None):
+    def __init__(self, service: InferenceService, config=None, compression_level: str = "none"):
         from grpclib.config import Configuration
 
         self.service = service
-        self.server = _GrpclibServer([GrpclibBinding(service)], codec=_Codec(), config=config or Configuration())
+        binding = GrpclibBinding(service, compression_level)
+        server_type = _GrpclibServer if binding.choose_encoding is None else _HeadersKept
+        self.server = server_type([binding], codec=_Codec(), config=config or Configuration())
 
     async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
         await self.server.start(address, port, ssl=ssl_context, reuse_address=True)

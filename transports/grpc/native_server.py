@@ -9,9 +9,9 @@ no gRPC library or per-call coroutine in between
 (benchmarks/results/grpc_servers.md has the measurements behind this).
 
 What it implements of gRPC: unary and bidirectional-streaming calls, message
-framing, `grpc-timeout` deadlines, gzip/deflate request compression,
-trailers-only error responses, status and percent-encoded `grpc-message`,
-and cancellation (RST_STREAM, deadline or a dropped connection cancel the core
+framing, `grpc-timeout` deadlines, gzip/deflate request compression, compressed
+infer answers (compressed_output.py), trailers-only error responses, status and
+percent-encoded `grpc-message`, and cancellation (RST_STREAM, deadline or a dropped connection cancel the core
 requests of the call). HTTP/2 itself (framing, HPACK, flow control, keepalive
 pings, limits) lives in the http2 package, which knows nothing of gRPC.
 """
@@ -29,14 +29,17 @@ from google.protobuf.message import DecodeError
 
 from kernel.core.errors import KernelError
 from kernel.transports.restrictions import grpc_message
-from kernel.transports.grpc import codec
+from kernel.transports.grpc import codec, compression
+from kernel.transports.grpc.compressed_output import CompressedOutputMixin
 from kernel.transports.grpc.http2.connection import Http2Connection, Stream
 from kernel.transports.grpc.http2.data_input import RECV_BUFFER
 from kernel.transports.grpc.http2.frames import FLAG_END_HEADERS, HEADERS, U32, frame, literal
 from kernel.transports.grpc.http2.limits import Http2Limits
 from kernel.transports.grpc.message_input import MessageInputMixin
 from kernel.transports.grpc.metadata import client_metadata
-from kernel.transports.grpc.wire import PARSE_ERROR, RESPONSE_HEADERS, TRAILERS_OK, parse_timeout, status_block
+from kernel.transports.grpc.wire import (
+    COMPRESSED_RESPONSE_HEADERS, PARSE_ERROR, RESPONSE_HEADERS, TRAILERS_OK, parse_timeout, status_block,
+)
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, UNARY_RPCS, InferenceService, Serialized
 
@@ -70,7 +73,8 @@ class GrpcStream(Stream):
     __slots__ = (
         "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
         "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
-        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "trace_context",
+        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "trace_context", "out_encoding",
+        "compressing",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
@@ -99,9 +103,11 @@ class GrpcStream(Stream):
         self.msg_view = None  # the buffer a large request message is being read into
         self.msg_filled = 0  # bytes of it read so far
         self.msg_compressed = 0
+        self.out_encoding = None  # the algorithm of its compressed answers (compression.py), or None
+        self.compressing = False  # a message of its answer is being deflated beside the loop
 
 
-class GrpcConnection(MessageInputMixin, Http2Connection):
+class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
     """GRPCInferenceService calls over one HTTP/2 connection."""
 
     stream_type = GrpcStream
@@ -113,6 +119,7 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
         self.restricted = server.service.restricted  # None when no RPC group is restricted
         self.header_forward = server.service.header_forward  # None unless --grpc-header-forward-pattern
         self.tracer = server.service.tracer
+        self.choose_encoding = server.choose_encoding  # None unless infer answers are compressed
         self.max_message_size = server.max_message_size
         self.max_decompressed_size = min(server.max_decompressed_size, server.max_message_size)
         self.ready: list = []  # unary calls whose request is complete, started once the read is handled
@@ -126,7 +133,7 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
     # ---- a call starts ----------------------------------------------------------
 
     def on_request(self, s: GrpcStream, headers: list, end_stream: bool) -> None:
-        method = path = content_type = timeout = None
+        method = path = content_type = timeout = accept = None
         for name, value in headers:
             if name[0] == 58:  # b":"
                 if name == b":path":
@@ -141,6 +148,8 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
                 s.encoding = value
             elif name == b"triton_grpc_error":
                 s.grpc_error_mode = value == b"true"
+            elif name == b"grpc-accept-encoding":
+                accept = value if accept is None else accept + b"," + value
         if method != b"POST":
             self._http_error(s, b"405")
             return
@@ -169,6 +178,8 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
         s.kind, s.req_type, s.method = entry
         if self.header_forward is not None and s.kind != UNARY:
             s.metadata = client_metadata(headers)
+        if self.choose_encoding is not None and s.kind != UNARY:
+            s.out_encoding = self.choose_encoding(accept)
         if s.encoding and s.encoding not in (b"identity", b"gzip", b"deflate"):
             self._finish(s, codec.UNIMPLEMENTED, f"grpc-encoding '{s.encoding.decode('latin-1')}' is not supported")
             return
@@ -303,6 +314,9 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
             log.exception("unexpected error encoding a ModelInfer response")
             self._finish(s, codec.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             return
+        if s.out_encoding is not None:
+            self.reply_compressed(s, parts, size)
+            return
         n = size + 5
         if self.send_whole(s, RESPONSE_HEADERS, [b"\x00" + U32.pack(size), *parts], n, TRAILERS_OK):
             return
@@ -355,31 +369,24 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
 
     def _flush_session(self, s: GrpcStream) -> None:
         s.flush_scheduled = False
-        if s.closed or s.trailers is not None:
+        if s.closed or s.trailers is not None or s.compressing:
             return
         session = s.session
         outbox = session.outbox
         if outbox:
-            chunks = []
-            if not s.headers_sent:
-                s.headers_sent = True
-                chunks.append(frame(HEADERS, FLAG_END_HEADERS, s.id, RESPONSE_HEADERS))
-            data = []
-            n = 0
-            while outbox:
-                body = outbox.popleft()
-                data.append(b"\x00" + U32.pack(len(body)))
-                data.append(body)
-                n += 5 + len(body)
-            if self.blocked or self.paused:
-                refusal = self._output_refusal(n)
-                if refusal is not None:
-                    for c in chunks:
-                        self.write(c)
-                    self._cut(s, codec.RESOURCE_EXHAUSTED, refusal)
-                    return
-            self.send(s, chunks, data, None)
-        if session.finished:
+            if s.out_encoding is None:
+                data = []
+                n = 0
+                while outbox:
+                    body = outbox.popleft()
+                    data.append(b"\x00" + U32.pack(len(body)))
+                    data.append(body)
+                    n += 5 + len(body)
+            else:
+                data, n = self.compressed_messages(s, outbox)
+            if data and not self.send_messages(s, data, n):
+                return
+        if session.finished and not s.compressing:
             error = session.error
             if error is not None:
                 self._finish(s, error.code, error.message)
@@ -387,6 +394,25 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
                 self._finish(s, codec.OK, "")
 
     # ---- output -----------------------------------------------------------------
+
+    def send_messages(self, s: GrpcStream, data: list, n: int) -> bool:
+        """Messages of a ModelStreamInfer call (n bytes, prefixes included), after the response
+        headers if they have not gone yet; False when the call was cut instead (its client holds
+        too much unread)."""
+        chunks = []
+        if not s.headers_sent:
+            s.headers_sent = True
+            head = RESPONSE_HEADERS if s.out_encoding is None else COMPRESSED_RESPONSE_HEADERS[s.out_encoding]
+            chunks.append(frame(HEADERS, FLAG_END_HEADERS, s.id, head))
+        if self.blocked or self.paused:
+            refusal = self._output_refusal(n)
+            if refusal is not None:
+                for c in chunks:
+                    self.write(c)
+                self._cut(s, codec.RESOURCE_EXHAUSTED, refusal)
+                return False
+        self.send(s, chunks, data, None)
+        return True
 
     def _reply(self, s: GrpcStream, parts: list, size: int) -> None:
         """Headers, one message (the `size` bytes of `parts`, not joined) and OK trailers: the
@@ -459,7 +485,7 @@ class GrpcConnection(MessageInputMixin, Http2Connection):
         for s in self.streams.values():
             session = s.session
             if (session is None or session.inflight or session.outbox or s.pending or s.parts
-                    or s.msg_view is not None):
+                    or s.msg_view is not None or s.compressing):
                 n += 1
         if not n and self.transport is not None and self.transport.get_write_buffer_size():
             n = 1
@@ -519,6 +545,9 @@ class NativeServer:
         self.max_message_size = getattr(options, "max_message_size", 2**31 - 1)
         self.max_decompressed_size = getattr(options, "max_decompressed_size", 64 * 1024 * 1024)
         self.max_buffered_per_connection = getattr(options, "max_buffered_per_connection", 1 << 30)
+        # --grpc-infer-response-compression-level: picks each infer call's algorithm (None: "none").
+        level = compression.level_index(getattr(options, "infer_response_compression_level", "none"))
+        self.choose_encoding = compression.Chooser(level) if level else None
         # What the server holds for slow clients, all transports together (kernel.core.holding).
         core = getattr(service, "server", None)
         self.held_output = getattr(core, "held_output", None)

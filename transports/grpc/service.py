@@ -530,6 +530,14 @@ class StreamSession:
                     _end_stream_trace(request, response)
             if self.error is not None:
                 return
+            if slot is not None and slot[0] is not None:
+                # A non-decoupled model's request has one answer, its first response, as Triton's
+                # stream writes it: a model that sent its response with flags 0 and then only the
+                # FINAL flag (or an error after it) must not replace it, even while it waits
+                # behind an earlier request's answer.
+                self._closed_if_finished()
+                self.on_ready()
+                return
             error = response.error
             if error is not None:
                 if self.grpc_error_mode:

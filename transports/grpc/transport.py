@@ -19,6 +19,7 @@ from typing import Optional
 from kernel.transports.restrictions import Restrictions
 from kernel.core.server import Server, StartupError
 from kernel.core.transport import Transport
+from kernel.transports.grpc.compression import LEVELS, level_index
 from kernel.transports.grpc.http2.limits import Http2Limits
 from kernel.transports.grpc.service import InferenceService
 from kernel.transports.header_forward import HeaderForwarder
@@ -78,6 +79,10 @@ class GrpcOptions:
     restricted: Optional[Restrictions] = None
     # --grpc-header-forward-pattern: metadata of infer calls whose keys match become request parameters.
     header_forward_pattern: str = ""
+    # --grpc-infer-response-compression-level: none, low, medium or high (compression.py). grpcio
+    # applies it to the answers of every RPC (grpcio_server.py); the other servers, as
+    # tritonserver, to ModelInfer and ModelStreamInfer answers only.
+    infer_response_compression_level: str = "none"
 
     def __post_init__(self) -> None:
         if self.server_library not in SERVER_LIBRARIES:
@@ -101,6 +106,7 @@ class GrpcOptions:
             raise ValueError("--grpc-infer-allocation-pool-size must be >= 0")
         if self.header_forward_pattern:
             HeaderForwarder(self.header_forward_pattern)  # ValueError for a bad regular expression
+        self.infer_response_compression_level = LEVELS[level_index(self.infer_response_compression_level)]
 
     def http2_limits(self) -> Http2Limits:
         """The limits of Kernel's own HTTP/2 server, with the --grpc-* flags applied."""
@@ -141,6 +147,7 @@ class GrpcOptions:
             "root_cert": "grpc_root_cert",
             "server_library": "grpc_server",
             "header_forward_pattern": "grpc_header_forward_pattern",
+            "infer_response_compression_level": "grpc_infer_response_compression_level",
         }
         values = {}
         for field, attr in names.items():
@@ -220,7 +227,9 @@ class GrpcTransport(Transport):
                 raise StartupError(
                     f"--grpc-server grpclib needs grpclib ({exc}): pip install 'kernel-inference-server[grpclib]'"
                 ) from None
-            self._impl = GrpclibServer(self.service, _grpclib_config(self.options))
+            self._impl = GrpclibServer(
+                self.service, _grpclib_config(self.options), self.options.infer_response_compression_level
+            )
         await self._impl.start(self.address, self.port, ssl_context)
         bound = self._impl.bound_port()
         if bound:

@@ -10,6 +10,10 @@ from kernel.transports.grpc.http2.frames import hpack_int, literal
 # ':status: 200' is entry 8 of the static table; content-type is entry 31.
 RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + hpack_int(len(b"application/grpc"), 7) + b"application/grpc"
 TRAILERS_OK = literal(b"grpc-status", b"0")
+# The response headers of a call whose answers are compressed (compression.py), by algorithm.
+COMPRESSED_RESPONSE_HEADERS = {
+    name: RESPONSE_HEADERS + literal(b"grpc-encoding", name) for name in (b"gzip", b"deflate")
+}
 
 
 def status_block(code: int, message: str) -> bytes:

@@ -33,6 +33,7 @@ from kernel.core.errors import KernelError
 from kernel.core.request import InferResponse
 from kernel.transports.asgi import start_stream
 from kernel.transports.openai.convention import ChoiceText, TextModel, finish_reason
+from kernel.transports.reset import reset
 from kernel.transports.openai.errors import SERVER_ERROR, ApiError, error_body, from_kernel, send_error
 
 MAX_PENDING_BYTES = 1 << 20  # encoded events one stream may hold for a client that reads too slowly
@@ -207,8 +208,7 @@ class Generation:
         self.disconnected()
         self.pending.clear()
         self.pending_bytes = 0
-        if self.transport is not None:
-            self.transport.abort()
+        reset(self.transport)
 
     # ---- writing -----------------------------------------------------------------------------
 

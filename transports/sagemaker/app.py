@@ -7,7 +7,8 @@
     POST   /invocations-response-stream   the same, answered as server-sent events, one per response
   multi-model endpoints (served whether or not SAGEMAKER_MULTI_MODEL=true, as tritonserver 2.51
   serves them; unknown names are a 404 with an empty body, as there):
-    GET    /models                        {"models": [{"modelName", "modelUrl"}, ...]}
+    GET    /models                        {"models": [{"modelName", "modelUrl"}, ...]}; modelUrl is
+                                          the url loaded, less SageMaker's '/model' (as tritonserver)
     POST   /models                        load {"model_name", "url"}: 200, 409 already loaded,
                                           400 bad request / cannot load, 507 out of resources
     GET    /models/<name>                 {"modelName", "modelUrl"} or 404
@@ -50,6 +51,11 @@ NO_DEFAULT_MODEL = "Request for unknown model: 'unspecified_SAGEMAKER_TRITON_DEF
 _MODELS_ROUTE = re.compile(r"/models(?:/)?([^/]+)?(/invoke)?")
 _ENSEMBLE = re.compile(r"platform\s*:\s*\"ensemble\"")
 _FORBIDDEN_PREFIXES = ("/dev/", "/proc/", "/sys/")
+# SageMaker's url for a model: /opt/ml/models/<hash>/model (maybe a subfolder after it). When that
+# folder is the model itself (config.pbtxt inside), tritonserver registers the folder above
+# (/opt/ml/models/<hash>) as the repository and reports that as the modelUrl (measured with 2.51;
+# Triton's QA expects the url without '/model'). Any other url is the repository, as given.
+_SAGEMAKER_MODEL_URL = re.compile(r"(.+)/model/?([0-9A-Za-z._]+)?")
 # Substrings of the errors frameworks raise when memory runs out; a load or an
 # inference failing with one of them is answered 507 (SageMaker then evicts models).
 _OOM_MARKERS = (
@@ -87,7 +93,7 @@ class SageMakerSettings:
 
 @dataclass
 class _Loaded:
-    url: str
+    url: str  # the repository registered for it, as tritonserver reports it (see _registered_url)
     target: str  # the name the model is registered under
     dependencies: list[str] = field(default_factory=list)
 
@@ -266,8 +272,9 @@ class SageMakerApp:
         abspath = os.path.abspath(os.path.normpath(url))
         if any((abspath + "/").startswith(p) for p in _FORBIDDEN_PREFIXES):
             raise KernelError(ErrorCode.INVALID_ARG, f"Invalid url '{url}': it cannot start with /dev/, /proc/ or /sys/")
-        if any(m.url == url for m in self.models.values()):  # tritonserver's words: it registers the url
-            await send_error(send, 409, f"model repository '{url}' has already been registered")
+        registered = await asyncio.to_thread(_registered_url, url, Path(abspath))
+        if any(m.url == registered for m in self.models.values()):  # tritonserver's words: it registers the url
+            await send_error(send, 409, f"model repository '{registered}' has already been registered")
             return
         if name in self.models or name in self._busy or target in self._busy:
             await send_error(send, 409, f"model '{name}' is already loaded")
@@ -296,7 +303,7 @@ class SageMakerApp:
             return
         finally:
             self._busy.difference_update((name, target))
-        self.models[name] = _Loaded(url, target, loaded_deps)
+        self.models[name] = _Loaded(registered, target, loaded_deps)
         await send_status(send, 200)
 
     async def _unload(self, name: str, scope, send) -> None:
@@ -323,6 +330,15 @@ class SageMakerApp:
             await self.server.control.unload_from_path(name)
         except KernelError as exc:
             log.warning("unloading '%s' failed: %s", name, exc.message)
+
+
+def _registered_url(url: str, path: Path) -> str:
+    """The repository tritonserver registers for a load's url: the folder above SageMaker's
+    <parent>/model when that names the model itself, else the url as given."""
+    match = _SAGEMAKER_MODEL_URL.fullmatch(url)
+    if match is not None and (path / "config.pbtxt").is_file():
+        return match.group(1)
+    return url
 
 
 def _resolve_model_dirs(path: Path, url: str) -> tuple[Path, list[Path]]:

@@ -41,6 +41,7 @@ from kernel.transports.grpc.http2.headers import HeaderError, HeaderReader
 from kernel.transports.grpc.http2.limits import Http2Limits, PingPolicy, RateLimit
 from kernel.transports.grpc.http2.output import OutputMixin
 from kernel.transports.grpc.http2.timers import ConnectionClock
+from kernel.transports.reset import reset
 
 log = logging.getLogger("kernel.grpc")
 
@@ -578,5 +579,4 @@ class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):
         the connection and everything queued for it."""
         log.info("dropping an HTTP/2 connection: %s", reason)
         self.failed = True
-        if self.transport is not None:
-            self.transport.abort()
+        reset(self.transport)

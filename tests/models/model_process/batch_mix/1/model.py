@@ -3,7 +3,9 @@
 "return": in the list execute returns; "send_before": through the request's
 response sender before execute returns (None in the returned list);
 "send_after": through the sender from a thread, after execute has returned
-(None in the list). OUT = 10 * IN; BATCH = how many requests that execute got.
+(None in the list). "send_then_final" and "send_after_then_final" do the same in two
+sends, as Triton's QA model response_sender does: the response with flags 0, then the
+FINAL flag alone. OUT = 10 * IN; BATCH = how many requests that execute got.
 """
 
 import threading
@@ -24,9 +26,18 @@ def _response(request, batch):
     ])
 
 
-def _send_later(request, batch):
+def _send(request, batch, separate_final):
+    sender = request.get_response_sender()
+    if separate_final:
+        sender.send(_response(request, batch))
+        sender.send(flags=FINAL)
+    else:
+        sender.send(_response(request, batch), FINAL)
+
+
+def _send_later(request, batch, separate_final):
     time.sleep(0.2)
-    request.get_response_sender().send(_response(request, batch), FINAL)
+    _send(request, batch, separate_final)
 
 
 class TritonPythonModel:
@@ -37,10 +48,10 @@ class TritonPythonModel:
             mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy().reshape(-1)[0].decode()
             if mode == "return":
                 returned.append(_response(request, batch))
-            elif mode == "send_before":
-                request.get_response_sender().send(_response(request, batch), FINAL)
+            elif mode in ("send_before", "send_then_final"):
+                _send(request, batch, mode.endswith("_final"))
                 returned.append(None)
             else:
-                threading.Thread(target=_send_later, args=(request, batch)).start()
+                threading.Thread(target=_send_later, args=(request, batch, mode.endswith("_final"))).start()
                 returned.append(None)
         return returned

@@ -121,6 +121,8 @@ INITIALIZE = {
     "Request request_id bytes": lambda: _request(request_id=b"r"),
     "Request flags bool": lambda: _request(flags=True),
     "Tensor name empty": lambda: pb_utils.Tensor("", A),
+    "Tensor name empty array None": lambda: pb_utils.Tensor("", None),
+    "Tensor from_dlpack name empty None": lambda: pb_utils.Tensor.from_dlpack("", None),
     "Metric increment str": lambda: _metric("COUNTER").increment("x"),
     "Metric increment int": lambda: _metric("COUNTER").increment(2),
     "Metric set str": lambda: _metric("GAUGE").set("x"),
