@@ -235,7 +235,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
         A hook rather than code in on_headers_complete so that a subclass (the KServe HTTP
         fast path, kernel.transports.http.fast) can take some requests itself, after the checks.
+        The app finds the connection in scope["kernel.transport"]: a stream corks its first write
+        (kernel.transports.asgi.start_stream) and reads the connection's write buffer.
         """
+        self.scope["kernel.transport"] = self.transport
         super().on_headers_complete()
 
     def on_chunk_header(self) -> None:

@@ -69,6 +69,14 @@ def pack_tensor(tensor, arena, regions=None, siblings=(), device=False) -> messa
         # The common small output: one call to its bytes (any layout), straight into the message.
         return messages.Tensor(tensor._name, datatype, list(arr.shape), arr.tobytes())
     if datatype == "BYTES":
+        if type(arr) is np.ndarray and arr.size == 1:
+            # One string (a token of text, per response of a streaming model): its wire form in one
+            # concatenation, no per-element loop and no second copy in wire.pack.
+            item = arr.item()
+            if type(item) is str:
+                item = item.encode("utf-8")
+            if type(item) is bytes and len(item) <= wire.INLINE_LIMIT - 4:
+                return messages.Tensor(tensor._name, datatype, list(arr.shape), len(item).to_bytes(4, "little") + item)
         raw = datatypes.serialize_bytes(np.asarray(arr, dtype=np.object_))
     else:
         if device and type(arr) is not np.ndarray and device_ok(device, tensor._name):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import inspect
 import json
 import logging
@@ -219,6 +220,10 @@ class Worker(InlineWaits):
             self.channel.send(messages.Ready(message))
             return
         self.bls_allowed = True
+        # The interpreter's and the model's start-up objects (a framework's modules, the weights'
+        # wrappers) live as long as the worker: out of the collector's reach, a full collection
+        # scans only what came since instead of stalling every stream for the whole heap.
+        gc.freeze()
         self.channel.send(messages.Ready(None, has_is_ready=callable(getattr(self.model, "is_ready", None)),
                                          async_execute=self.async_execute))
 

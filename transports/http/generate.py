@@ -24,7 +24,7 @@ import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor
-from kernel.transports.asgi import JSON_HEADERS, send_error, send_response, status_for
+from kernel.transports.asgi import JSON_HEADERS, send_error, send_response, start_stream, status_for
 from kernel.transports.http import codec
 from kernel.transports.http.disconnect import DisconnectWatch
 
@@ -85,12 +85,15 @@ async def stream_events(
     encode: Callable[[InferResponse], bytes],
     decoupled: bool,
     extra_headers: tuple = (),
+    transport=None,
 ) -> None:
     """Send each response as an SSE event until the final one.
 
     As in Triton, the HTTP status is that of the first response (an error
     response first gives its error status); a later error arrives as an
     event carrying {"error": ...}, so clients must look at every event.
+    The status, headers and first event leave in one segment (start_stream;
+    transport: the connection, scope["kernel.transport"]).
     """
     started = False
     try:
@@ -111,7 +114,10 @@ async def stream_events(
                 started = True
                 status = 200 if response.error is None else status_for(response.error)
                 headers = [(b"content-type", SSE_CONTENT_TYPE), *extra_headers]
-                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await start_stream(send, transport, status, headers, event, not response.final)
+                if response.final:
+                    return
+                continue
             if response.final:
                 await send({"type": "http.response.body", "body": event, "more_body": False})
                 return
@@ -139,7 +145,8 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
     server.submit(request)
     responses.watch_disconnect(receive)
     if streaming:
-        await stream_events(responses, send, encode_generate_response, model.decoupled)
+        await stream_events(responses, send, encode_generate_response, model.decoupled,
+                            transport=scope.get("kernel.transport"))
         return
     try:
         chunks: list[InferResponse] = []

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from typing import Optional
 
@@ -32,6 +31,7 @@ import msgspec
 
 from kernel.core.errors import KernelError
 from kernel.core.request import InferResponse
+from kernel.transports.asgi import start_stream
 from kernel.transports.openai.convention import ChoiceText, TextModel, finish_reason
 from kernel.transports.reset import reset
 from kernel.transports.openai.errors import SERVER_ERROR, ApiError, error_body, from_kernel, send_error
@@ -237,7 +237,7 @@ class Generation:
                 done = self.finished
                 if not self._started:
                     self._started = True
-                    await _start_with(send, self.transport, data, done)
+                    await start_stream(send, self.transport, 200, SSE_HEADERS, data, not done)
                 else:
                     await send({"type": "http.response.body", "body": data, "more_body": not done})
                 if done:
@@ -295,37 +295,6 @@ class Generation:
 
     def _usage_chunk(self) -> bytes:
         return self._prefix + b'],"usage":' + _json.encode(self.usage()) + b"}\n\n"
-
-
-async def _start_with(send, transport, data: bytes, done: bool) -> None:
-    """The status line, the headers and the first events, in one TCP segment.
-
-    uvicorn writes the headers as soon as it is given them, and the first events in a write of
-    their own: the first write wakes the client for headers alone, and on a busy machine the
-    second waits until the client has run and blocked again (~0.3-0.5 ms of the time to first
-    token at concurrency 1 here; tritonserver sends both at once). TCP_CORK holds the first write
-    until the second is in; it costs two setsockopt calls per stream, none per token.
-    """
-    sock = transport.get_extra_info("socket") if transport is not None else None
-    corked = False
-    if sock is not None and _TCP_CORK is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 1)
-            corked = True
-        except OSError:
-            pass
-    try:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
-        await send({"type": "http.response.body", "body": data, "more_body": not done})
-    finally:
-        if corked:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, 0)
-            except OSError:
-                pass
-
-
-_TCP_CORK = getattr(socket, "TCP_CORK", None)  # Linux
 
 
 def _offset_seed(seed: int, offset: int) -> int:

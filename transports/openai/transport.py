@@ -20,15 +20,6 @@ from kernel.transports.restrictions import Restrictions
 DEFAULT_PORT = 9000  # the port of Triton's own OpenAI frontend
 
 
-class _Connection(LimitedHttpToolsProtocol):
-    """Hands each call its connection (scope["kernel.transport"]): a stream reads the connection's
-    write buffer for the account of held bytes, and aborts it when it is cut."""
-
-    def headers_complete(self) -> None:
-        self.scope["kernel.transport"] = self.transport
-        super().headers_complete()
-
-
 class OpenAITransport(Transport):
     service_name = "OpenAIService"
 
@@ -43,7 +34,7 @@ class OpenAITransport(Transport):
         self._uvicorn: Optional[UvicornListener] = None
 
     async def start(self) -> str:
-        protocol = type("OpenAIConnection", (_Connection,), {"limits": self.limits})
+        protocol = type("OpenAIConnection", (LimitedHttpToolsProtocol,), {"limits": self.limits})
         self._uvicorn = UvicornListener(self.app, self.address, self.port, "OpenAI", self.limits, protocol)
         await self._uvicorn.start()
         return f"{self.address}:{self.port}"
