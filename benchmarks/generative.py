@@ -462,7 +462,10 @@ def run_aiperf(repo: Path, logs: Path, concurrency: int, requests: int) -> dict:
                "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:1.0",
                "--artifact-dir", str(artifacts), "--ui", "none"]
         say("aiperf: " + " ".join(cmd))
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="160")
+        # Not HF_HUB_OFFLINE: aiperf 0.13's offline mode looks names up in the hub cache only and
+        # refuses a local folder (HFValidationError); a folder is read without the network anyway.
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        env.update(HF_HUB_DISABLE_TELEMETRY="1", COLUMNS="160")
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=logs)
     finally:
         srv.stop()
