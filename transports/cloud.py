@@ -18,6 +18,7 @@ from kernel.core.errors import ErrorCode, KernelError
 from kernel.transports.restrictions import Restrictions
 from kernel.core.server import Server
 from kernel.transports.http.app import DEFAULT_MAX_JSON_OUTPUT_SIZE, HttpApp
+from kernel.transports.http.body import read_body
 from kernel.transports.http.transport import HttpTransport
 
 IHCL = b"inference-header-content-length"
@@ -56,20 +57,13 @@ async def drain_body(receive) -> None:
 
 async def read_json_body(receive, limit: int, what: str) -> Optional[object]:
     """The request body parsed as JSON (None if the client went away); KernelError when invalid."""
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
+    def refuse(size: int, limit: int) -> None:
         if size > limit:
             raise KernelError(ErrorCode.INVALID_ARG, f"{what} request body exceeds {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    body = b"".join(chunks)
+
+    body = await read_body(receive, limit, refuse)
+    if body is None:
+        return None
     try:
         return msgspec.json.decode(body) if body.strip() else {}
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:

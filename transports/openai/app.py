@@ -30,6 +30,7 @@ import msgspec
 from kernel.core.errors import KernelError
 from kernel.core.scheduling import in_flight_count
 from kernel.transports.asgi import lifespan
+from kernel.transports.http.body import read_body
 from kernel.transports.openai import chat_template, embeddings, schema
 from kernel.transports.openai.convention import text_model
 from kernel.transports.openai.errors import (
@@ -182,19 +183,7 @@ class OpenAIApp:
                 if length > limit:
                     raise _too_large(length, limit)
                 break
-        chunks = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(size, limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return await read_body(receive, limit, _refuse_large)
 
     async def off_loop(self, size: int, fn, *args):
         """fn(*args), in a thread when the body it works on is large."""
@@ -279,6 +268,11 @@ def _inflight_limit(model) -> int:
         log.warning("model '%s': parameter max_inflight_requests '%s' is not a count; no limit", model.name, text)
         return 0
     return value
+
+
+def _refuse_large(size: int, limit: int) -> None:
+    if size > limit:
+        raise _too_large(size, limit)
 
 
 def _too_large(size: int, limit: int) -> ApiError:
