@@ -95,6 +95,22 @@ def create_cache(cache_config: dict[str, dict[str, str]]):
     return ResponseCache(size)
 
 
+def stored_answer(outputs: list[InferTensor], all_outputs: bool, requested) -> Optional[list[InferTensor]]:
+    """The stored `outputs` a request asking for `requested` (None: all) gets, or None when some
+    are missing (an entry stored from a request that named fewer outputs): the lookup then misses.
+    Local and Redis entries answer alike."""
+    if requested is None:
+        return list(outputs) if all_outputs else None
+    by_name = {t.name: t for t in outputs}
+    out = []
+    for o in requested:
+        t = by_name.get(o.name)
+        if t is None:
+            return None
+        out.append(t)
+    return out
+
+
 class _Entry:
     __slots__ = ("outputs", "parameters", "all_outputs", "nbytes")
 
@@ -106,16 +122,7 @@ class _Entry:
 
     def answer(self, requested) -> Optional[list[InferTensor]]:
         """The outputs for a request asking for `requested` (None: all), or None when this entry lacks some."""
-        if requested is None:
-            return list(self.outputs) if self.all_outputs else None
-        by_name = {t.name: t for t in self.outputs}
-        out = []
-        for o in requested:
-            t = by_name.get(o.name)
-            if t is None:
-                return None
-            out.append(t)
-        return out
+        return stored_answer(self.outputs, self.all_outputs, requested)
 
 
 class ResponseCache:

@@ -44,6 +44,7 @@ from typing import Optional
 
 import msgspec
 
+from kernel.core.cache import stored_answer
 from kernel.core.errors import KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 
@@ -161,16 +162,7 @@ class _Stored:
         self.outputs = [InferTensor(n, d, list(s), raw=r) for n, d, s, r in tensors]
 
     def answer(self, requested) -> Optional[list[InferTensor]]:
-        if requested is None:
-            return list(self.outputs) if self.all_outputs else None
-        by_name = {t.name: t for t in self.outputs}
-        out = []
-        for o in requested:
-            t = by_name.get(o.name)
-            if t is None:
-                return None
-            out.append(t)
-        return out
+        return stored_answer(self.outputs, self.all_outputs, requested)
 
 
 class RedisCache:
