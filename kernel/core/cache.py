@@ -43,6 +43,7 @@ import time
 from collections import OrderedDict
 from typing import Optional
 
+from kernel.core.cache_entry import stored_answer
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 
 log = logging.getLogger("kernel.core.cache")
@@ -93,22 +94,6 @@ def create_cache(cache_config: dict[str, dict[str, str]]):
     if size <= 0:
         raise CacheConfigError(f"Failed to initialize LocalCache: size must be a positive number of bytes, got {size}")
     return ResponseCache(size)
-
-
-def stored_answer(outputs: list[InferTensor], all_outputs: bool, requested) -> Optional[list[InferTensor]]:
-    """The stored `outputs` a request asking for `requested` (None: all) gets, or None when some
-    are missing (an entry stored from a request that named fewer outputs): the lookup then misses.
-    Local and Redis entries answer alike."""
-    if requested is None:
-        return list(outputs) if all_outputs else None
-    by_name = {t.name: t for t in outputs}
-    out = []
-    for o in requested:
-        t = by_name.get(o.name)
-        if t is None:
-            return None
-        out.append(t)
-    return out
 
 
 class _Entry:

@@ -44,7 +44,7 @@ from typing import Optional
 
 import msgspec
 
-from kernel.core.cache import stored_answer
+from kernel.core.cache_entry import stored_answer
 from kernel.core.errors import KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 
