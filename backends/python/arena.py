@@ -53,8 +53,9 @@ def create_segment(size: int, name: str = "kernel-arena") -> Segment:
     return Segment(fd, size)
 
 
-class _FreeList:
-    """Free blocks of one segment, sorted by offset, coalesced on free."""
+class FreeList:
+    """Free blocks of one region (an arena segment, a worker's block of GPU memory), first fit,
+    sorted by offset, coalesced on free."""
 
     __slots__ = ("offsets", "sizes")
 
@@ -91,6 +92,10 @@ class _FreeList:
         offsets.insert(i, off)
         sizes.insert(i, nbytes)
 
+    def whole(self, size: int) -> bool:
+        """Nothing of a region of `size` bytes is allocated."""
+        return len(self.sizes) == 1 and self.sizes[0] == size
+
 
 class Arena:
     """The allocating side: segments it created, and where each allocation lives.
@@ -109,7 +114,7 @@ class Arena:
         self.growth_size = growth_size
         self.name = name
         self.segments: dict[int, Segment] = {}
-        self._free: dict[int, _FreeList] = {}
+        self._free: dict[int, FreeList] = {}
         self._sizes: dict[tuple[int, int], int] = {}
         self._next_index = 0
         self._idle_since: dict[int, float] = {}  # grown segments wholly free: since when (time.monotonic)
@@ -127,7 +132,7 @@ class Arena:
         index = self._next_index
         self._next_index += 1
         self.segments[index] = seg
-        self._free[index] = _FreeList(size)
+        self._free[index] = FreeList(size)
         if self.on_new_segment is not None:
             self.on_new_segment(index, seg)
         return index
@@ -155,7 +160,7 @@ class Arena:
                 return
             free = self._free[segment]
             free.free(offset, size)
-            if segment and len(free.sizes) == 1 and free.sizes[0] == self.segments[segment].size:
+            if segment and free.whole(self.segments[segment].size):
                 self._idle_since[segment] = time.monotonic()
                 if self.on_idle is not None:
                     self.on_idle()

@@ -35,7 +35,6 @@ module imports CuPy only when a GPU tensor is in hand.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -44,6 +43,7 @@ from typing import Optional
 import numpy as np
 
 from kernel.backends.python import messages, wire
+from kernel.backends.python.arena import FreeList
 from kernel.core.device_memory import IpcMappings
 from kernel.core.gpu import visible_gpu_ids
 
@@ -214,7 +214,7 @@ _returns = _Returns()
 
 
 class _Block:
-    __slots__ = ("memory", "ptr", "size", "device", "handle", "offsets", "sizes", "idle_since")
+    __slots__ = ("memory", "ptr", "size", "device", "handle", "free_list", "idle_since")
 
     def __init__(self, cupy, device: int, size: int):
         with cupy.cuda.Device(device):
@@ -223,37 +223,18 @@ class _Block:
         self.ptr = self.memory.ptr
         self.size = size
         self.device = device
-        self.offsets = [0]  # free ranges, sorted, coalesced
-        self.sizes = [size]
+        self.free_list = FreeList(size)
         self.idle_since = 0.0
 
     def alloc(self, nbytes: int) -> int:
-        for i, free in enumerate(self.sizes):
-            if free >= nbytes:
-                off = self.offsets[i]
-                if free == nbytes:
-                    del self.offsets[i], self.sizes[i]
-                else:
-                    self.offsets[i] += nbytes
-                    self.sizes[i] -= nbytes
-                return off
-        return -1
+        return self.free_list.alloc(nbytes)
 
     def free(self, off: int, nbytes: int) -> None:
-        offsets, sizes = self.offsets, self.sizes
-        i = bisect.bisect_left(offsets, off)
-        if i < len(offsets) and off + nbytes == offsets[i]:
-            nbytes += sizes[i]
-            del offsets[i], sizes[i]
-        if i > 0 and offsets[i - 1] + sizes[i - 1] == off:
-            sizes[i - 1] += nbytes
-        else:
-            offsets.insert(i, off)
-            sizes.insert(i, nbytes)
+        self.free_list.free(off, nbytes)
 
     @property
     def empty(self) -> bool:
-        return len(self.sizes) == 1 and self.sizes[0] == self.size
+        return self.free_list.whole(self.size)
 
 
 class DeviceArena:
