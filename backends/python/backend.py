@@ -56,6 +56,9 @@ def settings_from_backend_config(values: dict[str, str], log: Optional[LogSettin
 
 class PythonBackend(Backend):
     name = "python"
+    # Called with a WorkerInstance whose worker was started again after it died (a supervisor of
+    # several front processes gives each front a new link to it: kernel.serve.fronts).
+    on_restarted = None
 
     def __init__(self, backend_config: Optional[dict[str, str]] = None, log: Optional[dict] = None):
         """log: the server's log settings (verbose, info, warning, error, format), mirrored in workers."""
@@ -182,6 +185,8 @@ class PythonBackend(Backend):
                     try:
                         await instance.restart()
                         log.info("Stub process '%s' restarted", instance.name)
+                        if self.on_restarted is not None:
+                            self.on_restarted(instance)
                         return
                     except Exception as exc:  # noqa: BLE001
                         log.error("restarting stub process '%s' failed: %s", instance.name, exc)
@@ -213,6 +218,7 @@ class PythonBasedBackend(PythonBackend):
         self.settings = base.settings
         self.envs = base.envs
         self._restarting = set()
+        self.on_restarted = base.on_restarted
 
     def model_file(self, version_dir: Path, config: Any) -> Optional[Path]:
         return self.directory / MODEL_FILE

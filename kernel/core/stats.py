@@ -262,3 +262,47 @@ def fail_request(stats: Optional[ModelStats], request, reason: str) -> None:
     if stats is not None:
         arrival = request.arrival_ns
         stats.record_failure(reason, time.monotonic_ns() - arrival if arrival else 0)
+
+
+def merge_statistics(docs: list[dict]) -> dict:
+    """Several processes' statistics-extension answers ({"model_stats": [...]}) as one: the first
+    document says which versions there are (the process that loaded them); the others' numbers
+    for those versions are added in (counts and durations summed per field and per batch size,
+    the last inference the latest)."""
+    first = docs[0]
+    rows = {(r["name"], r["version"]): r for r in first["model_stats"]}
+    for doc in docs[1:]:
+        for row in doc.get("model_stats", ()):
+            total = rows.get((row["name"], row["version"]))
+            if total is not None:
+                _add_row(total, row)
+    return first
+
+
+def _add_row(total: dict, row: dict) -> None:
+    total["last_inference"] = max(total["last_inference"], row["last_inference"])
+    total["inference_count"] += row["inference_count"]
+    total["execution_count"] += row["execution_count"]
+    _add_durations(total["inference_stats"], row["inference_stats"])
+    for key, stats in row.get("response_stats", {}).items():
+        if key in total["response_stats"]:
+            _add_durations(total["response_stats"][key], stats)
+        else:
+            total["response_stats"][key] = stats
+    by_size = {b["batch_size"]: b for b in total["batch_stats"]}
+    for b in row["batch_stats"]:
+        mine = by_size.get(b["batch_size"])
+        if mine is None:
+            by_size[b["batch_size"]] = b
+        else:
+            _add_durations(mine, b)
+    total["batch_stats"] = [by_size[size] for size in sorted(by_size)]
+
+
+def _add_durations(total: dict, part: dict) -> None:
+    """Add {"<phase>": {"count": n, "ns": t}, ...} into total (fields that are not durations are left)."""
+    for phase, value in part.items():
+        if isinstance(value, dict) and "count" in value and "ns" in value:
+            mine = total.setdefault(phase, {"count": 0, "ns": 0})
+            mine["count"] += value["count"]
+            mine["ns"] += value["ns"]

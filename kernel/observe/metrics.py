@@ -312,6 +312,9 @@ class MetricsService:
         gpu = (gpu_reader or NvmlReader()) if gpu_metrics else None  # --allow-gpu-metrics
         self.collector = ServerCollector(server, self.config, self.cpu, gpu)
         self._timer = None
+        # With several front processes, the supervisor's: async () -> every front's families
+        # (kernel.observe.metrics_totals.families_data lists), added in by total_text().
+        self.others = None
 
     def start_polling(self, loop) -> None:
         if self.cpu is None:
@@ -330,4 +333,17 @@ class MetricsService:
 
     def text(self) -> str:
         return render(self.collector.collect())
+
+    async def total_text(self) -> str:
+        """The whole server's text: this process's alone, or with several front processes the
+        totals over all of them (kernel.observe.metrics_totals): a front asks the supervisor
+        (server.peers), the supervisor adds what `others()` gathers from the fronts."""
+        peers = getattr(self.server, "peers", None)
+        if peers is not None:
+            return await peers.metrics_text()
+        if self.others is None:
+            return self.text()
+        from kernel.observe.metrics_totals import merge
+
+        return render(merge(list(self.collector.collect()), await self.others()))
 

@@ -15,7 +15,7 @@ import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.cuda_shared_memory import IPC_HANDLE_SIZE
-from kernel.core.shared_memory import SharedMemoryManager
+from kernel.core.shared_memory import RegionChange, SharedMemoryManager
 from kernel.transports.asgi import send_error, send_json, send_status
 
 SYSTEM_PREFIX = "/v2/systemsharedmemory"
@@ -60,11 +60,9 @@ async def handle(app, path: str, method: str, receive, send) -> None:
     if action == "status":
         await send_json(send, 200, shm.cuda_status(name) if cuda else shm.system_status(name))
         return
+    server = app.server
     if action == "unregister":
-        if cuda:
-            shm.unregister_cuda(name)
-        else:
-            shm.unregister_system(name)
+        await server.change_shared_memory(RegionChange("unregister_cuda" if cuda else "unregister_system", name))
         await send_status(send, 200)
         return
     kind = "cuda" if cuda else "system"
@@ -74,11 +72,12 @@ async def handle(app, path: str, method: str, receive, send) -> None:
     if body is None:
         return  # client went away
     if cuda:
-        shm.register_cuda(name, *_cuda_register_request(body))
-        await send_status(send, 200)
-        return
-    key, offset, byte_size = _register_request(body)
-    shm.register_system(name, key, offset, byte_size)
+        raw_handle, device_id, byte_size = _cuda_register_request(body)
+        change = RegionChange("register_cuda", name, raw_handle=raw_handle, device_id=device_id, byte_size=byte_size)
+    else:
+        key, offset, byte_size = _register_request(body)
+        change = RegionChange("register_system", name, key, offset, byte_size)
+    await server.change_shared_memory(change)
     await send_status(send, 200)
 
 
