@@ -7,9 +7,9 @@ cacert_dir (any of them turns TLS on). Times are milliseconds.
 
 Why it works this way:
 
-- The key is the local cache's (kernel.core.cache: the model and every input's name, datatype,
-  shape and bytes, inputs in name order) without what only one process knows: the model's name
-  and version instead of its load, serialized with explicit lengths and hashed with SHA-256, so
+- The key (kernel.core.cache_key) is the local cache's without what only one process knows: the
+  model's name and version instead of its load, every input, the request parameters, correlation
+  id and flags, serialized with explicit lengths and hashed with SHA-256, so
   every server computes the same key for the same request. Like Triton's redis cache it does not
   change when a model is reloaded: entries outlive a load (and the server), and Redis's own
   eviction policy bounds them.
@@ -35,7 +35,6 @@ Why it works this way:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import struct
 import time
@@ -45,12 +44,12 @@ from typing import Optional
 import msgspec
 
 from kernel.core.cache_entry import stored_answer
+from kernel.core.cache_key import redis_key
 from kernel.core.errors import KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 
 log = logging.getLogger("kernel.core.cache")
 
-KEY_PREFIX = b"kernel:response-cache:v1:"
 DEFAULT_TIMEOUT_MS = 1000
 FAILURES_TO_OPEN = 3
 FIRST_COOLDOWN_S = 1.0
@@ -62,7 +61,6 @@ MAX_ENTRY_BYTES = 64 << 20  # responses above this are not stored (Redis values 
 
 _now_ns = time.monotonic_ns
 _monotonic = time.monotonic
-_U32 = struct.Struct("<I")
 _encode = msgspec.msgpack.encode
 _decode = msgspec.msgpack.decode
 
@@ -131,24 +129,6 @@ def parse_settings(settings: dict[str, str], error) -> RedisSettings:
         cert=settings.get("cert", ""), key=settings.get("key", ""), cacert=settings.get("cacert", ""),
         cacert_dir=settings.get("cacert_dir", ""),
     )
-
-
-def redis_key(model, request: InferRequest) -> bytes:
-    """The same key in every process: model name and version, then each input (in name order) as
-    name, datatype, shape and bytes, every field length-prefixed, hashed with SHA-256."""
-    h = hashlib.sha256()
-    name = model.name.encode()
-    h.update(_U32.pack(len(name)) + name + struct.pack("<q", model.version))
-    inputs = request.inputs if len(request.inputs) == 1 else sorted(request.inputs, key=lambda t: t.name)
-    h.update(_U32.pack(len(inputs)))
-    for t in inputs:
-        tname, dtype = t.name.encode(), t.datatype.encode()
-        h.update(_U32.pack(len(tname)) + tname + _U32.pack(len(dtype)) + dtype + _U32.pack(len(t.shape)))
-        h.update(struct.pack(f"<{len(t.shape)}q", *t.shape))
-        raw = t.raw
-        h.update(struct.pack("<Q", len(raw)))
-        h.update(raw)
-    return KEY_PREFIX + h.hexdigest().encode()
 
 
 class _Stored:
