@@ -93,19 +93,11 @@ def test_openai_n_choices_with_other_settings_are_not_copies_of_an_earlier_answe
     assert served.hits() == hits + 3
 
 
-def _kserve_http(served, parameters=None, **kwargs) -> str:
-    c = httpclient.InferenceServerClient(served.k.url)
-    x = httpclient.InferInput("text_input", [1], "BYTES")
-    x.set_data_from_numpy(np.array([b"kserve"], dtype=np.object_))
-    try:
-        return c.infer("cached_lm", [x], parameters=parameters, **kwargs).as_numpy("text_output")[0].decode()
-    finally:
-        c.close()
-
-
-def _kserve_grpc(served, parameters=None, **kwargs) -> str:
-    c = grpcclient.InferenceServerClient(served.k.grpc_url)
-    x = grpcclient.InferInput("text_input", [1], "BYTES")
+def _kserve(served, protocol: str, parameters=None, **kwargs) -> str:
+    """cached_lm's answer to the prompt "kserve" over KServe HTTP or gRPC."""
+    module, url = (httpclient, served.k.url) if protocol == "http" else (grpcclient, served.k.grpc_url)
+    c = module.InferenceServerClient(url)
+    x = module.InferInput("text_input", [1], "BYTES")
     x.set_data_from_numpy(np.array([b"kserve"], dtype=np.object_))
     try:
         return c.infer("cached_lm", [x], parameters=parameters, **kwargs).as_numpy("text_output")[0].decode()
@@ -117,27 +109,27 @@ def _kserve_grpc(served, parameters=None, **kwargs) -> str:
                                   ({"k": 1}, {"k": "1"}), ({"k": 1}, {"k": 1, "extra": 0})])
 def test_kserve_requests_differing_only_in_parameters_get_their_own_answers(served, a, b):
     tag = {"case": json.dumps([a, b])}
-    first = _kserve_http(served, {**a, **tag})
+    first = _kserve(served, "http", {**a, **tag})
     served.settle()
     hits = served.hits()
-    second = _kserve_http(served, {**b, **tag})
+    second = _kserve(served, "http", {**b, **tag})
     assert second != first and json.loads(second.split(" | ")[1]) == {**b, **tag}
     assert served.hits() == hits
     served.settle()
     # The same parameters hit, whichever protocol asks (gRPC's int64 and bool are HTTP's ints and bools).
-    assert _kserve_http(served, {**a, **tag}).encode() == first.encode()
-    assert _kserve_grpc(served, {**a, **tag}).encode() == first.encode()
+    assert _kserve(served, "http", {**a, **tag}).encode() == first.encode()
+    assert _kserve(served, "grpc", {**a, **tag}).encode() == first.encode()
     assert served.hits() == hits + 2
 
 
 def test_kserve_correlation_id_is_part_of_the_key_and_the_request_id_priority_timeout_are_not(served):
-    first = _kserve_http(served, {"case": "corr"}, sequence_id=5)
+    first = _kserve(served, "http", {"case": "corr"}, sequence_id=5)
     served.settle()
     hits = served.hits()
-    other = _kserve_http(served, {"case": "corr"}, sequence_id=6)
+    other = _kserve(served, "http", {"case": "corr"}, sequence_id=6)
     assert " | corr 6 | " in other and other != first
     served.settle()
-    same = _kserve_http(served, {"case": "corr"}, sequence_id=5, request_id="another-id", priority=0, timeout=10**6)
+    same = _kserve(served, "http", {"case": "corr"}, sequence_id=5, request_id="another-id", priority=0, timeout=10**6)
     assert same.encode() == first.encode()
     assert served.hits() == hits + 1
     text = metrics(served.k)
