@@ -73,7 +73,8 @@ def create_cache(cache_config: dict[str, dict[str, str]]):
             "only one cache can be configured; got " + ", ".join(repr(n) for n in sorted(cache_config)))
     name, settings = next(iter(cache_config.items()))
     if name == "redis":
-        from kernel.core.cache_redis import RedisCache, parse_settings
+        from kernel.core.cache_redis import RedisCache
+        from kernel.core.cache_redis_settings import parse_settings
 
         return RedisCache(parse_settings(settings, CacheConfigError))
     if name != "local":

@@ -53,7 +53,7 @@ from typing import Optional
 from kernel.core.cache_key import redis_key
 from kernel.core.cache_redis_entry import BadEntry, Stored, decode, encode, fits, payload_size, seal
 from kernel.core.cache_redis_reads import INLINE_BYTES, Reader
-from kernel.core.cache_redis_settings import RedisSettings, parse_settings  # noqa: F401 - kernel.core.cache's import
+from kernel.core.cache_redis_settings import RedisSettings
 from kernel.core.errors import KernelError
 from kernel.core.request import InferRequest, InferResponse
 

@@ -30,6 +30,8 @@ BATCH_BYTES = 4 << 20  # bytes of values one lookup batch may bring back
 PIECE_BYTES = 1 << 20  # a large value is read this many bytes at a time
 FALLBACK_BATCH = BATCH_BYTES // INLINE_BYTES  # keys per pipelined batch where scripting is refused
 
+_SCRIPT_ARGS = (b"%d" % INLINE_BYTES, b"%d" % BATCH_BYTES)  # encoded once, not per call
+
 # KEYS: the entries; ARGV[1]: INLINE_BYTES; ARGV[2]: BATCH_BYTES. A non-string key answers -1
 # (redis.pcall returns its error as a table instead of failing the whole script).
 LOOKUP_SCRIPT = """
@@ -75,7 +77,7 @@ class Reader:
 
     async def lookup(self, keys: list) -> list:
         if self.scripted:
-            return await self.script(keys=keys, args=[INLINE_BYTES, BATCH_BYTES])
+            return await self.script(keys=keys, args=_SCRIPT_ARGS)
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.strlen(key)
