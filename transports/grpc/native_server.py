@@ -31,7 +31,8 @@ from kernel.core.errors import KernelError
 from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec, compression
 from kernel.transports.grpc.compressed_output import CompressedOutputMixin
-from kernel.transports.grpc.http2.connection import Http2Connection, Stream
+from kernel.transports.grpc.call_state import INFER, STREAM, UNARY, GrpcStream
+from kernel.transports.grpc.http2.connection import Http2Connection
 from kernel.transports.grpc.http2.data_input import RECV_BUFFER
 from kernel.transports.grpc.http2.frames import FLAG_END_HEADERS, HEADERS, U32, frame, literal
 from kernel.transports.grpc.http2.limits import Http2Limits
@@ -47,13 +48,9 @@ log = logging.getLogger("kernel.grpc")
 
 # ---------------------------------------------------------------- the service's methods
 
-UNARY = 0
-INFER = 1
-STREAM = 2
 # ModelInfer requests this large have their raw_input_contents taken out as views of the
 # message (codec.split_raw_inputs) instead of being copied by protobuf.
 SPLIT_RAW_INPUTS = 64 * 1024
-
 
 
 def method_table(service: InferenceService) -> dict[bytes, tuple]:
@@ -65,46 +62,6 @@ def method_table(service: InferenceService) -> dict[bytes, tuple]:
     table[f"/{SERVICE}/ModelInfer".encode()] = (INFER, pb.ModelInferRequest, None)
     table[f"/{SERVICE}/ModelStreamInfer".encode()] = (STREAM, pb.ModelInferRequest, None)
     return table
-
-
-class GrpcStream(Stream):
-    """One HTTP/2 stream = one gRPC call: what the call keeps beside the stream's HTTP/2 state."""
-
-    __slots__ = (
-        "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
-        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
-        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "trace_context", "out_encoding",
-        "compressing",
-    )
-
-    def __init__(self, stream_id: int, send_window: int, recv_window: int):
-        super().__init__(stream_id, send_window, recv_window)
-        self.kind = UNARY
-        self.req_type = None
-        self.method = None
-        self.parts: list = []  # pieces of an incomplete request message
-        self.have = 0  # bytes in parts
-        self.need = 0  # bytes parts must reach before another message can complete
-        self.messages: list = []  # complete unary request messages
-        self.request = None  # core request of a ModelInfer call in flight
-        self.session = None  # StreamSession of a ModelStreamInfer call
-        self.timer = None
-        self.encoding = b""
-        self.grpc_error_mode = False
-        self.flush_scheduled = False
-        self.trace = None  # kernel.observe.trace.Trace of a sampled ModelInfer call
-        self.started_ns = 0  # when its headers arrived (only taken while tracing is on)
-        self.trace_context = None  # its W3C traceparent/tracestate (only read while tracing is on)
-        self.metadata = None  # client metadata of an infer call, kept only when headers are forwarded
-        self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read
-        self.call = None  # the decoded request of a unary call, between its end of input and its start
-        self.reserved = 0  # the size of its partial message, counted in the connection's `reserved`
-        self.raws = None  # the raw_input_contents of a large ModelInfer request, split off its message
-        self.msg_view = None  # the buffer a large request message is being read into
-        self.msg_filled = 0  # bytes of it read so far
-        self.msg_compressed = 0
-        self.out_encoding = None  # the algorithm of its compressed answers (compression.py), or None
-        self.compressing = False  # a message of its answer is being deflated beside the loop
 
 
 class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
@@ -220,6 +177,9 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         if self.partials:
             self.unwatch_message(s)
         if s.closed or s.trailers is not None:
+            return
+        if s.inflating is not None:
+            s.end_pending = True  # handled once the message before it is inflated
             return
         if s.denied is not None:
             self._finish(s, codec.UNAVAILABLE, s.denied)
@@ -485,7 +445,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         for s in self.streams.values():
             session = s.session
             if (session is None or session.inflight or session.outbox or s.pending or s.parts
-                    or s.msg_view is not None or s.compressing):
+                    or s.msg_view is not None or s.compressing or s.inflating is not None):
                 n += 1
         if not n and self.transport is not None and self.transport.get_write_buffer_size():
             n = 1
@@ -504,6 +464,10 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
     def on_closed(self, s: GrpcStream) -> None:
         """Stop the call's timer and any work still running."""
         s.msg_view = None
+        if s.inflating is not None:
+            s.inflating.cancel()
+            s.inflating = None
+            s.held_back = []
         if s.reserved:
             self._release(s)
         if self.partials:
