@@ -7,6 +7,7 @@ description of it.
 
 from __future__ import annotations
 
+import collections
 from typing import Optional
 
 from kernel.transports.grpc.http2.connection import Stream
@@ -24,7 +25,7 @@ class GrpcStream(Stream):
         "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
         "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
         "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "trace_context", "out_encoding",
-        "compressing", "inflating", "held_back", "end_pending",
+        "compressing", "out_queue", "compress_held", "inflating", "held_back", "end_pending",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
@@ -54,7 +55,9 @@ class GrpcStream(Stream):
         self.msg_filled = 0  # bytes of it read so far
         self.msg_compressed = 0
         self.out_encoding = None  # the algorithm of its compressed answers (compression.py), or None
-        self.compressing = False  # a message of its answer is being deflated beside the loop
+        self.compressing = None  # the future of a message of its answer being deflated beside the loop
+        self.out_queue: collections.deque = collections.deque()  # stream messages waiting behind it
+        self.compress_held = 0  # bytes of the two, counted as held output (compressed_output.py)
         self.inflating = None  # the future of a request message being inflated beside the loop
         self.held_back: list = []  # body chunks that arrived behind it (message_input._inflate)
         self.end_pending = False  # and whether the client ended its input meanwhile

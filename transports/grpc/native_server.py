@@ -86,6 +86,9 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         # and the holders it watches for this connection's calls (message_input.py).
         self.held_input = server.held_input
         self.partials: dict = {}
+        # Answer bytes of its calls waiting to be compressed, and their holders (compressed_output.py).
+        self.compress_held = 0
+        self.compressing_calls: dict = {}
 
     # ---- a call starts ----------------------------------------------------------
 
@@ -232,7 +235,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         )
 
     def _start_infer(self, s: GrpcStream, msg) -> None:
-        if self.blocked or self.paused:
+        if self.blocked or self.paused or self.compress_held:
             # Answers are waiting for this client to read them: past the connection's bound,
             # no more work is started for it.
             refusal = self._output_refusal(0)
@@ -329,24 +332,26 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
 
     def _flush_session(self, s: GrpcStream) -> None:
         s.flush_scheduled = False
-        if s.closed or s.trailers is not None or s.compressing:
+        if s.closed or s.trailers is not None:
             return
         session = s.session
         outbox = session.outbox
-        if outbox:
-            if s.out_encoding is None:
-                data = []
-                n = 0
-                while outbox:
-                    body = outbox.popleft()
-                    data.append(b"\x00" + U32.pack(len(body)))
-                    data.append(body)
-                    n += 5 + len(body)
-            else:
-                data, n = self.compressed_messages(s, outbox)
-            if data and not self.send_messages(s, data, n):
+        if s.out_encoding is not None:
+            if outbox or s.out_queue:
+                ready = self.compressed_messages(s, outbox)
+                if ready is None or ready[0] and not self.send_messages(s, *ready):
+                    return
+        elif outbox:
+            data = []
+            n = 0
+            while outbox:
+                body = outbox.popleft()
+                data.append(b"\x00" + U32.pack(len(body)))
+                data.append(body)
+                n += 5 + len(body)
+            if not self.send_messages(s, data, n):
                 return
-        if session.finished and not s.compressing:
+        if session.finished and s.compressing is None and not s.out_queue:
             error = session.error
             if error is not None:
                 self._finish(s, error.code, error.message)
@@ -445,7 +450,8 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         for s in self.streams.values():
             session = s.session
             if (session is None or session.inflight or session.outbox or s.pending or s.parts
-                    or s.msg_view is not None or s.compressing or s.inflating is not None):
+                    or s.msg_view is not None or s.compressing is not None or s.out_queue
+                    or s.inflating is not None):
                 n += 1
         if not n and self.transport is not None and self.transport.get_write_buffer_size():
             n = 1
@@ -468,6 +474,8 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
             s.inflating.cancel()
             s.inflating = None
             s.held_back = []
+        if s.out_encoding is not None:
+            self.drop_compressed(s)
         if s.reserved:
             self._release(s)
         if self.partials:
