@@ -15,7 +15,7 @@ from kernel.core.request import collect_single_response
 from kernel.transports.restrictions import Category, Restrictions, http_message
 from kernel.core.server import Server
 from kernel.transports.asgi import lifespan, send_error, send_json, send_response, send_status, status_for
-from kernel.transports.http.body import check_size, read_body
+from kernel.transports.http.body import check_json_values, check_size, read_body
 from kernel.transports import inflate
 from kernel.transports.http import codec, generate, large_json, shared_memory
 from kernel.transports.http import log_trace as settings
@@ -245,6 +245,13 @@ class HttpApp:
     async def read_body(self, receive) -> Optional[bytes]:
         """The whole request body, never past --http-max-input-size; None if the client went away."""
         return await read_body(receive, self.max_input_size)
+
+    async def read_control_body(self, receive) -> Optional[bytes]:
+        """read_body for a control route's JSON, refused if it holds too many values to decode (body.py)."""
+        body = await read_body(receive, self.max_input_size)
+        if body is not None:
+            await check_json_values(body)
+        return body
 
     async def _decompress(self, body: bytes, encoding: str) -> bytes:
         """The body inflated (kernel.transports.inflate: linear, off the loop once large), never
