@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import KernelProcess
+from conftest import KernelProcess, children
 from kernel.backends.python import standby
 from kernel.backends.python.backend import PythonBackend
 from kernel.backends.python.instance import WorkerInstance, WorkerSettings
@@ -48,16 +48,7 @@ def instance(repo: Path, name: str) -> WorkerInstance:
 
 def standbys() -> list[int]:
     """This process's standby worker children."""
-    found = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            pids = (task / "children").read_text().split()
-        except OSError:
-            continue
-        for pid in pids:
-            if b"kernel.backends.python.standby" in cmdline(int(pid)):
-                found.append(int(pid))
-    return found
+    return [pid for pid in children(os.getpid()) if b"kernel.backends.python.standby" in cmdline(pid)]
 
 
 def cmdline(pid: int) -> bytes:
@@ -159,16 +150,6 @@ def test_a_standby_signalled_right_after_it_was_taken_is_replaced_at_once(tmp_pa
     asyncio.run(main())
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return found
-
-
 @SIGNALS
 def test_kernel_serve_starts_when_a_standby_is_signalled_as_it_is_taken(tmp_path, sig):
     """The same against a real `kernel serve`: the first standby is signalled as soon as it names
@@ -182,7 +163,7 @@ def test_kernel_serve_starts_when_a_standby_is_signalled_as_it_is_taken(tmp_path
     try:
         deadline = time.monotonic() + 30
         while victim is None and time.monotonic() < deadline and k.proc.poll() is None:
-            for pid in _children(k.proc.pid):
+            for pid in children(k.proc.pid):
                 words = cmdline(pid)
                 if b"kernel.backends.python.standby" in words and b"--instance-name" in words:
                     os.kill(pid, sig)

@@ -29,28 +29,21 @@ from typing import Optional
 
 from kernel.transports.grpc import codec, compression
 from kernel.transports.grpc.http2.frames import FLAG_END_HEADERS, HEADERS, frame
+from kernel.transports.grpc.http2.output import StreamHolder
 from kernel.transports.grpc.wire import COMPRESSED_RESPONSE_HEADERS, TRAILERS_OK
 
 log = logging.getLogger("kernel.grpc")
 
 
-class CompressingCall:
+class CompressingCall(StreamHolder):
     """A call's answer bytes waiting for compression, as the server's account of held answers
-    sees them (kernel.core.holding.Holder)."""
+    sees them."""
 
-    __slots__ = ("conn", "stream")
-
-    def __init__(self, conn, stream):
-        self.conn = conn
-        self.stream = stream
+    __slots__ = ()
 
     def held_bytes(self) -> int:
         s = self.stream
         return 0 if s.closed else s.compress_held
-
-    def cut(self, reason: str) -> None:
-        if not self.stream.closed:
-            self.conn.cut_stream(self.stream, reason)
 
 
 class CompressedOutputMixin:

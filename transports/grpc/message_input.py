@@ -25,6 +25,7 @@ import numpy as np
 from kernel.transports import inflate
 from kernel.transports.grpc import codec
 from kernel.transports.grpc.http2.frames import U32
+from kernel.transports.grpc.http2.output import StreamHolder
 
 # Request messages of this size (up to the max) are read straight into a buffer of their own.
 DIRECT_MESSAGE = 256 * 1024
@@ -33,16 +34,12 @@ DIRECT_MESSAGE_MAX = 1 << 30
 log = logging.getLogger("kernel.grpc")
 
 
-class PartialMessage:
-    """A call's request message in progress as the server's account of partial requests sees it
-    (kernel.core.holding.Holder): the bytes received so far, and for a unary call its whole
-    message until the client ends the stream (a client can stop just before that, too)."""
+class PartialMessage(StreamHolder):
+    """A call's request message in progress as the server's account of partial requests sees it:
+    the bytes received so far, and for a unary call its whole message until the client ends the
+    stream (a client can stop just before that, too)."""
 
-    __slots__ = ("conn", "stream")
-
-    def __init__(self, conn, stream):
-        self.conn = conn
-        self.stream = stream
+    __slots__ = ()
 
     def held_bytes(self) -> int:
         s = self.stream
@@ -56,10 +53,6 @@ class PartialMessage:
         for message in s.messages or ():
             n += len(message)
         return n
-
-    def cut(self, reason: str) -> None:
-        if not self.stream.closed:
-            self.conn.cut_stream(self.stream, reason)
 
 
 class MessageInputMixin:
