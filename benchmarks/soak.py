@@ -11,14 +11,21 @@ For `--seconds` (default 600) it runs, all on 127.0.0.1:
 - a SIGKILL of one model worker every `--kill-every` seconds;
 - with --ownership (on by default), the loops of benchmarks/soak_ownership.py (issue 23):
   buffer-reusing models whose every answer is checked byte for byte, slow readers and stalled
-  uploads that the server must cut once --client-stall-timeout-secs / --http-body-timeout-secs pass.
+  uploads that the server must cut once --client-stall-timeout-secs / --http-body-timeout-secs pass;
+- with --attacks (all by default), the attacks of issue 31 from benchmarks/soak_attacks.py (many-member
+  gzip bodies on HTTP and gRPC, OpenAI n fan-out with a big prompt, OpenAI clients that never read,
+  runaway chat templates, large embeddings, large and forged Redis cache entries; the server then
+  also serves the OpenAI API and a Redis response cache from a redis-server started here), and a
+  probe of /v2/health/live from its own process throughout.
 
 Every request is accounted for: answered (by status / error kind) or lost (no answer at all
 within 60 s: a timeout or a connection dropped without a response). Every 10 s it samples the
 front process's RSS, its open memfd segments and /dev/shm, and each process's (front and workers)
 RSS and shared memory. At the end each model must still
-answer (no wedged model), the server must stop within its exit timeout, and /dev/shm must hold
-nothing new. Writes benchmarks/results/soak.md and soak.json.
+answer (no wedged model), the server must stop within its exit timeout, /dev/shm must hold
+nothing new, and with --attacks the health checks' p99 must stay under --health-p99-ms and the
+front's RSS under the bound soak_attacks.rss_bound_mb states. Writes benchmarks/results/soak.md and
+soak.json.
 
     .venv/bin/python benchmarks/soak.py --seconds 600
 
@@ -109,7 +116,7 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def make_repo(root: Path) -> Path:
+def make_repo(root: Path, attacks: list[str], scale: float) -> tuple[Path, list[str]]:
     repo = root / "repo"
     repo.mkdir()
     shutil.copytree(ADD_SUB, repo / "add_sub")
@@ -120,7 +127,9 @@ def make_repo(root: Path) -> Path:
     shutil.copytree(STREAM_MODEL, repo / "repeat_int32")
     for model in SOAK_MODELS.iterdir():
         shutil.copytree(model, repo / model.name)
-    return repo
+    from soak_attacks import add_models
+
+    return repo, add_models(repo, attacks, scale)
 
 
 def worker_pids(server_pid: int) -> list[int]:
@@ -144,6 +153,12 @@ def worker_pids(server_pid: int) -> list[int]:
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak RSS so far (VmHWM): what 10 s samples miss between them."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
 def memfds(pid: int) -> int:
@@ -186,7 +201,8 @@ def split_residue(names: list[str]) -> tuple[list[str], list[str]]:
 
 
 class Soak:
-    def __init__(self, args, http_port: int, grpc_port: int, server: subprocess.Popen):
+    def __init__(self, args, http_port: int, grpc_port: int, server: subprocess.Popen, openai_port: int = 0,
+                 redis_port: int = 0):
         self.args = args
         self.http = f"http://127.0.0.1:{http_port}"
         self.grpc = f"127.0.0.1:{grpc_port}"
@@ -197,6 +213,8 @@ class Soak:
         self.deadline = 0.0
         self.kills = 0
         self.samples: list[dict] = []
+        self.openai_port = openai_port
+        self.redis_port = redis_port
 
     def running(self) -> bool:
         return time.monotonic() < self.deadline and self.server.poll() is None
@@ -449,6 +467,11 @@ class Soak:
             from soak_ownership import Ownership
 
             tasks += Ownership(self, self.args.stall_timeout, self.args.body_timeout).tasks()
+        if self.args.attack_names:
+            from soak_attacks import Attacks
+
+            tasks += Attacks(self, self.args.attack_names, self.args.attack_scale, self.args.stall_timeout,
+                             self.openai_port, self.redis_port).tasks()
         await asyncio.gather(*tasks)
 
     async def still_serving(self) -> dict[str, str]:
@@ -494,6 +517,7 @@ def write_report(out: Path, doc: dict) -> None:
           + (f" ({', '.join(doc['dev_shm_new_after_exit'])})" if doc["dev_shm_new_after_exit"] else "")
           + (f"; not counted, made by other programs on the box: {', '.join(doc['dev_shm_foreign'])}"
              if doc.get("dev_shm_foreign") else "") + ".", "",
+          *_attack_lines(doc),
           "Front process over time:", "", "| t (s) | RSS (MB) | memfd segments | workers | /dev/shm entries | sent |",
           "|---:|---:|---:|---:|---:|---:|"]
     step = max(1, len(s) // 20)
@@ -501,6 +525,10 @@ def write_report(out: Path, doc: dict) -> None:
         L.append(f"| {x['t_s']} | {x['rss_mb']} | {x['memfds']} | {x['workers']} | {x['dev_shm']} | {x['sent']} |")
     if s:
         L += ["", f"RSS: first {s[0]['rss_mb']} MB, max {max(x['rss_mb'] for x in s)} MB, last {s[-1]['rss_mb']} MB."]
+        if doc.get("rss_bound_mb"):
+            L += ["", f"Front RSS bound {doc['rss_bound_mb']:.0f} MB (the first sample + --max-held-output-bytes + "
+                      "--max-held-input-bytes + what the Redis cache may hold, 260 MiB, + 512 MiB slack); "
+                      f"peak (VmHWM) {doc.get('front_peak_rss_mb', 0)} MB."]
         L += ["", "Per process (the front, then each worker process seen; a killed worker's successor is a new row): "
                   "peak RSS and peak shared memory resident (RssShmem), MB:", "",
               "| pid | role | samples | peak RSS | peak shared | last RSS | last shared |", "|---:|---|---:|---:|---:|---:|---:|"]
@@ -516,6 +544,20 @@ def write_report(out: Path, doc: dict) -> None:
     (out / "soak.md").write_text("\n".join(L) + "\n")
 
 
+def _attack_lines(doc: dict) -> list[str]:
+    if not doc.get("attacks"):
+        return []
+    h = doc.get("health", {})
+    out = [f"Attacks (issue 31, benchmarks/soak_attacks.py, scale {doc['attack_scale']}): "
+           f"{', '.join(doc['attacks'])}" + (f"; {doc['attack_note']}" if doc.get("attack_note") else "") + "."]
+    if h.get("checks"):
+        out.append(f"/v2/health/live from its own process, {h['checks']} checks: p50 {h['p50_ms']} ms, "
+                   f"p99 {h['p99_ms']} ms (bound {doc['health_p99_bound_ms']} ms), max {h['max_ms']} ms, "
+                   f"{h['over_100ms']} over 100 ms; worst 10 s from t={h['worst_window_s']} s "
+                   f"(max {h['worst_window_max_ms']} ms).")
+    return out + [""]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=600)
@@ -528,6 +570,11 @@ def main() -> int:
     p.add_argument("--stall-timeout", type=float, default=10.0, help="the server's --client-stall-timeout-secs")
     p.add_argument("--body-timeout", type=float, default=10.0, help="the server's --http-body-timeout-secs")
     p.add_argument("--max-held-output", type=int, default=512 << 20, help="the server's --max-held-output-bytes")
+    p.add_argument("--max-held-input", type=int, default=512 << 20, help="the server's --max-held-input-bytes")
+    p.add_argument("--attacks", default="all",
+                   help="issue 31's attacks (benchmarks/soak_attacks.py): all, none, or a comma-separated list")
+    p.add_argument("--attack-scale", type=float, default=1.0, help="the attacks' sizes, times the issue's")
+    p.add_argument("--health-p99-ms", type=float, default=100.0, help="with attacks: the bound on health-check p99")
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--render", type=Path, metavar="SOAK_JSON", help="only rewrite soak.md from an earlier soak.json")
     args = p.parse_args()
@@ -539,9 +586,12 @@ def main() -> int:
         print((args.out / "soak.md").read_text())
         return 0
 
+    from soak_attacks import HealthProbe, rss_bound_mb, selected
+
+    args.attack_names, attack_note = selected(args.attacks, shutil.which("redis-server") is not None)
     tmp = Path(tempfile.mkdtemp(prefix="kernel-soak-"))
-    repo = make_repo(tmp)
-    http_port, grpc_port, metrics_port = free_ports(3)
+    repo, attack_models = make_repo(tmp, args.attack_names, args.attack_scale)
+    http_port, grpc_port, metrics_port, openai_port, redis_port = free_ports(5)
     shm_before = dev_shm()
     log = open(tmp / "server.log", "wb")
     cmd = [sys.executable, "-m", "kernel", "serve", "--model-repository", str(repo), "--http-port", str(http_port),
@@ -549,7 +599,17 @@ def main() -> int:
            "--exit-timeout-secs", str(args.exit_timeout), "--model-control-mode", "explicit",
            "--load-model", "add_sub", "--load-model", "add_sub_x2", "--load-model", "repeat_int32",
            "--client-stall-timeout-secs", str(args.stall_timeout), "--http-body-timeout-secs", str(args.body_timeout),
-           "--max-held-output-bytes", str(args.max_held_output)]
+           "--max-held-output-bytes", str(args.max_held_output), "--max-held-input-bytes", str(args.max_held_input)]
+    redis = probe = None
+    if args.attack_names:
+        cmd += ["--openai-port", str(openai_port)]
+        for model in attack_models:
+            cmd += ["--load-model", model]
+    if "cached_big" in attack_models:
+        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                                  "--appendonly", "no", "--dir", str(tmp)], stdout=subprocess.DEVNULL)
+        time.sleep(0.5)
+        cmd += ["--cache-config", "redis,host=127.0.0.1", "--cache-config", f"redis,port={redis_port}"]
     if args.ownership:
         for model in sorted(SOAK_MODELS.iterdir()):
             cmd += ["--load-model", model.name]
@@ -565,8 +625,12 @@ def main() -> int:
             if server.poll() is not None:
                 raise SystemExit(f"server exited: {(tmp / 'server.log').read_text()[-2000:]}")
             time.sleep(0.2)
-        soak = Soak(args, http_port, grpc_port, server)
+        soak = Soak(args, http_port, grpc_port, server, openai_port, redis_port)
+        if args.attack_names:
+            probe = HealthProbe(http_port, tmp / "health.txt")
         asyncio.run(soak.run())
+        health = probe.stop() if probe is not None else {}
+        peak_mb = peak_rss_mb(server.pid) if server.poll() is None else 0.0
         deaths = 0 if server.poll() is None else 1
         serving = asyncio.run(soak.still_serving()) if not deaths else {}
         start = time.monotonic()
@@ -590,17 +654,29 @@ def main() -> int:
             "stop_s": stop_s, "exit_timeout": args.exit_timeout, "dev_shm_new_after_exit": new_shm,
             "dev_shm_foreign": foreign_shm, "server_pid": server.pid,
             "samples": soak.samples,
+            "attacks": args.attack_names, "attack_scale": args.attack_scale, "attack_note": attack_note,
+            "health": health, "health_p99_bound_ms": args.health_p99_ms, "front_peak_rss_mb": round(peak_mb, 1),
+            "rss_bound_mb": rss_bound_mb(soak.samples[0]["rss_mb"], args.max_held_output, args.max_held_input)
+            if args.attack_names and soak.samples else 0,
         }
         write_report(args.out, doc)
         print((args.out / "soak.md").read_text())
         wrong = sum(n for (_, kind), n in L.kinds.items() if "WRONG" in kind or "HELD PAST" in kind)
         ok = (not sum(L.lost.values()) and not deaths and all(v == "200" for v in serving.values())
               and not new_shm and not wrong)
+        if args.attack_names:
+            ok = ok and health.get("p99_ms", float("inf")) <= args.health_p99_ms and (
+                not doc["rss_bound_mb"] or max(peak_mb, *(x["rss_mb"] for x in soak.samples)) <= doc["rss_bound_mb"])
         return 0 if ok else 1
     finally:
         if server.poll() is None:
             server.kill()
             server.wait()
+        if probe is not None and probe.proc.poll() is None:
+            probe.proc.kill()
+        if redis is not None:
+            redis.kill()
+            redis.wait()
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 

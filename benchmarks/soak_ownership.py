@@ -72,6 +72,24 @@ def read_http_response(sock: socket.socket, deadline: float, pace_bytes_s: float
     return status, headers, bytes(body)
 
 
+def never_read(port: int, request: bytes, stall_s: float) -> str:
+    """Send `request` on a socket with a tiny receive buffer, read nothing while the stall timeout
+    runs out, then read: the server must have cut us (EOF or a reset before the whole answer came)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(request)
+            time.sleep(stall_s + 5)
+            status, _, data = read_http_response(s, time.monotonic() + 120)
+    except TimeoutError:
+        return "HELD PAST THE STALL TIMEOUT (neither cut nor delivered)"
+    except OSError:  # EOF or a reset
+        return "cut (expected)"
+    if status != 200:
+        return f"{status} {data[:120].decode('latin-1')}"
+    return "HELD PAST THE STALL TIMEOUT"
+
+
 def binary_output(headers: dict, body: bytes) -> bytes:
     json_len = int(headers.get("inference-header-content-length", len(body)))
     return body[json_len:]
@@ -294,20 +312,7 @@ class Ownership:
 
     def _never_read_http(self, j: int) -> str:
         body, headers = make_big_body(32 << 20, j)
-        try:
-            with socket.create_connection(("127.0.0.1", self.soak.http_port), timeout=10) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                s.sendall(http_request("/v2/models/make_big/infer", body, headers))
-                time.sleep(self.stall_s + 5)  # never read while the stall timeout runs out
-                # Now read: the server must have cut us (EOF or a reset before all 32 MiB arrive).
-                status, _, data = read_http_response(s, time.monotonic() + 60)
-        except TimeoutError:
-            return "HELD PAST THE STALL TIMEOUT (neither cut nor delivered)"
-        except OSError:  # EOF or a reset
-            return "cut (expected)"
-        if status != 200:
-            return f"{status} {data[:120].decode('latin-1')}"
-        return "HELD PAST THE STALL TIMEOUT"
+        return never_read(self.soak.http_port, http_request("/v2/models/make_big/infer", body, headers), self.stall_s)
 
     async def steady_reader_loop(self) -> None:
         """A reader that takes 8 MiB at 1 MiB/s must get every byte (steady is not stalled)."""

@@ -202,6 +202,17 @@ class KernelProcess(ServerProcess):
         return self.wait_until_ok(["/v2/health/ready"], timeout)
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (of all its threads: asyncio starts workers from any)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
 def running(k: ServerProcess):
     """Body of a fixture that owns `k`: `yield from running(k)` gives it ready and stops it afterwards."""
     try:

@@ -18,7 +18,7 @@ from kernel.core.errors import ErrorCode, KernelError
 from kernel.transports.restrictions import Restrictions
 from kernel.core.server import Server
 from kernel.transports.http.app import DEFAULT_MAX_JSON_OUTPUT_SIZE, HttpApp
-from kernel.transports.http.body import read_body
+from kernel.transports.http.body import check_json_values, read_body
 from kernel.transports.http.transport import HttpTransport
 
 IHCL = b"inference-header-content-length"
@@ -64,6 +64,7 @@ async def read_json_body(receive, limit: int, what: str) -> Optional[object]:
     body = await read_body(receive, limit, refuse)
     if body is None:
         return None
+    await check_json_values(body)
     try:
         return msgspec.json.decode(body) if body.strip() else {}
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:

@@ -56,10 +56,6 @@ class WorkerSettings(msgspec.Struct, frozen=True):
 # How long a worker stuck in an execute() for requests all given up on may take to exit (see stop).
 STUCK_EXIT_S = 1.0
 
-# How long a standby worker (imports done) may take to report in before the instance starts a fresh
-# worker instead: a standby that was stopped or killed must not fail the start.
-STANDBY_REPORT_S = 5.0
-
 
 class WorkerInstance(FrontCalls, BackendInstance):
     def __init__(
@@ -79,6 +75,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
         self.settings = settings
         self.healthy = False
         self._stopping = False
+        self._starting = False  # start() has not succeeded yet: a worker that exits meanwhile is its to replace
         self.on_unexpected_exit = None  # set by the backend: the restart policy lives there
         # Set by the backend: the interpreter/environment (execenv.py) and the model file to run.
         self.command: Optional[WorkerCommand] = None
@@ -125,6 +122,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
         await self.start()
 
     async def start(self) -> None:
+        self._starting = True
         loop = asyncio.get_running_loop()
         command = self.command or server_command()
         args = [
@@ -139,8 +137,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
             # A standby has done its imports: it reports in at once, unless it cannot (stopped or
             # killed after it was taken). Then a fresh worker, with the whole stub timeout.
             started, ready = self._started, self._ready
-            await asyncio.wait((started, ready), timeout=min(timeout, STANDBY_REPORT_S),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await standby.wait_for_report(self.process, (started, ready), min(timeout, standby.REPORT_S))
             if not started.done():
                 log.warning("standby worker %s for model instance '%s' did not report in (%s); starting a fresh worker",
                             self.process.pid, self.name, ready.result() if ready.done() else "no answer")
@@ -164,6 +161,7 @@ class WorkerInstance(FrontCalls, BackendInstance):
             self._kill()
             raise KernelError(ErrorCode.INTERNAL, error)
         self.healthy = True
+        self._starting = False
         self.notify_available()
         log.info("TRITONBACKEND_ModelInstanceInitialize: %s (%s device %d)", self.name, self.kind[5:], self.device_id)
 
@@ -221,7 +219,8 @@ class WorkerInstance(FrontCalls, BackendInstance):
         self._fail_pending(f"Stub process '{self.name}' is not healthy.", framed=False)  # Triton's words, alone
         if not self._stopping:
             log.error("Stub process '%s' is not healthy: it exited unexpectedly with code %s", self.name, code)
-            if self.on_unexpected_exit is not None:
+            # (During start(), start() itself replaces a standby that dies, or fails the load.)
+            if self.on_unexpected_exit is not None and not self._starting:
                 self.on_unexpected_exit(self)
 
     def _kill(self) -> None:

@@ -20,7 +20,10 @@ started for its instance shows them (`_retitle`).
 
 A standby that cannot serve (stopped, killed, or silent after its assignment) never fails an
 instance's start: `take` skips one that is stopped or dead (and kills it), and the instance starts
-a fresh worker when the one it took does not report in (instance.py).
+a fresh worker when the one it took does not report in: at once when it is stopped or dead
+(`wait_for_report`), else after REPORT_S (instance.py). A worker that dies before its instance has
+started is not restarted behind the start's back: the start replaces it (issue 31, D13: a restart
+racing the start reset the instance under it, `'NoneType' object has no attribute 'pid'`).
 
 This module imports nothing heavy on purpose: the front imports it before anything else.
 """
@@ -52,6 +55,11 @@ ENABLED = os.environ.get("KERNEL_STANDBY_WORKERS", "1") != "0"
 # At most this many standbys, whatever the repository holds: a standby nobody takes costs a
 # worker's imports for nothing, and beyond a few per core they only queue for the CPU.
 MAX_STANDBYS = max(4, 2 * (os.cpu_count() or 1))
+
+# How long a standby (imports done) may take to report in before its instance starts a fresh worker
+# instead, and how often the instance looks meanwhile whether it still can (wait_for_report).
+REPORT_S = 5.0
+REPORT_POLL_S = 0.05
 
 
 class Standby:
@@ -261,6 +269,19 @@ def take(command) -> Optional[Standby]:
             return standby
         _let_go(standby)
     return None
+
+
+async def wait_for_report(process, futures, limit: float) -> None:
+    """Wait up to `limit` seconds for the first of `futures` (a standby just taken reporting in), and
+    no longer once it cannot report: a standby stopped (SIGSTOP) or killed after it was taken never
+    will, and its instance starts a fresh worker at once instead of after the whole `limit`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not any(f.done() for f in futures) and _runnable(process.pid):
+        left = deadline - loop.time()
+        if left <= 0:
+            return
+        await asyncio.wait(futures, timeout=min(left, REPORT_POLL_S), return_when=asyncio.FIRST_COMPLETED)
 
 
 def _runnable(pid: int) -> bool:

@@ -8,16 +8,14 @@ its response is stored on the way back to the client.
 
 Why it lives in the core and works this way:
 
-- The key is what makes two requests give the same response: the model
-  version and every input's name, datatype, shape and bytes (inputs sorted by
-  name, so their order in the request does not matter). The version is named
-  by its ModelStats object, which each load creates anew: a reloaded model
-  never answers from its previous load's entries, and an in-flight miss of an
-  unloaded version cannot store an entry that a new load would hit. The request id,
-  its parameters, priority, timeout and requested outputs are not part of it,
-  as in Triton (measured on tritonserver 2.51: requests differing only in
-  those are hits). The key holds the input bytes themselves rather than a
-  digest, so two different requests can never share an entry.
+- The key (kernel.core.cache_key) is everything of a request that reaches the model: the model
+  version, every input's name, datatype, shape and bytes (in name order), the request parameters,
+  correlation id and flags; not the request id, priority, timeout or requested outputs. The
+  version is named by its ModelStats object, which each load creates anew: a reloaded model
+  never answers from its previous load's entries, and an in-flight miss of an unloaded version
+  cannot store an entry that a new load would hit. tritonserver 2.51 leaves the parameters out
+  (a model that reads them got another request's answer); Kernel keeps them in. The key holds the
+  input bytes themselves rather than a digest, so two different requests can never share an entry.
 - A hit answers with the outputs the request asked for. Triton answers a hit
   with every output stored, even ones the request did not ask for; here an
   entry that lacks an output the request asks for counts as a miss, and a
@@ -44,6 +42,7 @@ from collections import OrderedDict
 from typing import Optional
 
 from kernel.core.cache_entry import stored_answer
+from kernel.core.cache_key import local_key, local_key_bytes
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 
 log = logging.getLogger("kernel.core.cache")
@@ -74,7 +73,8 @@ def create_cache(cache_config: dict[str, dict[str, str]]):
             "only one cache can be configured; got " + ", ".join(repr(n) for n in sorted(cache_config)))
     name, settings = next(iter(cache_config.items()))
     if name == "redis":
-        from kernel.core.cache_redis import RedisCache, parse_settings
+        from kernel.core.cache_redis import RedisCache
+        from kernel.core.cache_redis_settings import parse_settings
 
         return RedisCache(parse_settings(settings, CacheConfigError))
     if name != "local":
@@ -125,6 +125,7 @@ class ResponseCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.rejected = 0  # entries found unusable: none here (this process wrote them); the redis cache's can be
         self.lookup_ns = 0  # hits and misses
         self.insertion_ns = 0
         self.pending = 0  # lookups in progress (the redis cache's are asynchronous; these never are)
@@ -159,7 +160,7 @@ class ResponseCache:
         delivered already and the model must not be scheduled.
         """
         start = _now_ns()
-        key = request_key(model, request)
+        key = local_key(model, request)
         entry = self._entries.get(key)
         outputs = entry.answer(request.outputs) if entry is not None else None
         if outputs is not None:
@@ -196,7 +197,7 @@ class ResponseCache:
         # Copy the output bytes: the response's buffers may belong to a worker's
         # arena or a transport's body and are reused once the response is sent.
         outputs = [InferTensor(t.name, t.datatype, t.shape, raw=bytes(t.raw)) for t in response.outputs]
-        nbytes = ENTRY_OVERHEAD_BYTES + _key_bytes(key) + sum(len(t.raw) for t in outputs)
+        nbytes = ENTRY_OVERHEAD_BYTES + local_key_bytes(key) + sum(len(t.raw) for t in outputs)
         if nbytes > self.size:
             log.debug("response of %d bytes does not fit in the %d-byte response cache; not stored", nbytes, self.size)
             return
@@ -217,18 +218,3 @@ class ResponseCache:
         for key in [k for k in self._entries if k[0] is stats]:
             self.used -= self._entries.pop(key).nbytes
 
-
-def request_key(model, request: InferRequest) -> tuple:
-    """What identifies a request's response: this load of the model version (its ModelStats)
-    and every input's name, datatype, shape and bytes."""
-    inputs = request.inputs
-    if len(inputs) == 1:
-        t = inputs[0]
-        parts = ((t.name, t.datatype, t.shape, bytes(t.raw)),)
-    else:
-        parts = tuple(sorted((t.name, t.datatype, t.shape, bytes(t.raw)) for t in inputs))
-    return (model.stats, parts)
-
-
-def _key_bytes(key: tuple) -> int:
-    return sum(len(p[3]) + len(p[0]) for p in key[1])

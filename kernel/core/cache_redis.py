@@ -1,26 +1,36 @@
 """The `redis` response cache (`--cache-config redis,host=...,port=...`): Triton's shared cache, which
-several replicas of a server use at once.
-
-Settings are those of Triton's redis cache: host and port (required), user, password, db,
-connect_timeout, socket_timeout, pool_size, wait_timeout, and the TLS files cert, key, cacert,
-cacert_dir (any of them turns TLS on). Times are milliseconds.
+several replicas of a server use at once. Its settings are kernel.core.cache_redis_settings.
 
 Why it works this way:
 
-- The key is the local cache's (kernel.core.cache: the model and every input's name, datatype,
-  shape and bytes, inputs in name order) without what only one process knows: the model's name
-  and version instead of its load, serialized with explicit lengths and hashed with SHA-256, so
-  every server computes the same key for the same request. Like Triton's redis cache it does not
-  change when a model is reloaded: entries outlive a load (and the server), and Redis's own
-  eviction policy bounds them.
+- The key (kernel.core.cache_key) is the local cache's without what only one process knows: the
+  model's name and version instead of its load, every input, the request parameters, correlation
+  id and flags, serialized with explicit lengths and hashed with SHA-256, so every server computes
+  the same key for the same request. Like Triton's redis cache it does not change when a model is
+  reloaded: entries outlive a load (and the server), and Redis's own eviction policy bounds them.
 - Nothing waits on Redis on the event loop. Server.submit hands a request of a caching model to
-  `serve`, which queues its key and returns; lookups go out as MGETs (up to pool_size at a time,
+  `serve`, which queues its key and returns; lookups go out in batches (up to pool_size at a time,
   each carrying every key queued meanwhile), and each answer either answers the request (a hit) or
-  schedules it (a miss). Inserts go out after the response was delivered, batched the same way as
-  MSETs on one more connection, and are not awaited. Batching matters: redis-py spends on the
-  order of 100 us of CPU per command, so one command per request would cost a hit as much as
-  running a small model. Models without a response cache still pay one attribute test; the local
-  cache is untouched.
+  schedules it (a miss). Requests asking for a key whose lookup is already out wait for that one:
+  40 requests for the same entry read it once. Inserts go out after the response was delivered,
+  batched the same way as MSETs on one more connection, and are not awaited. Batching matters:
+  redis-py spends on the order of 100 us of CPU per command, so one command per request would cost
+  a hit as much as running a small model. Models without a response cache still pay one attribute
+  test; the local cache is untouched.
+- Entry sizes never reach the loop unbounded (kernel.core.cache_redis_reads): a lookup batch
+  brings back small values whole, within a byte budget, and only the lengths of large ones;
+  a large entry is read in pieces, at most LARGE_READS at once, each on its own connection, and
+  decoded and checked off the loop. A lookup that waited for a large read longer than the socket
+  timeout is computed instead. Responses over MAX_ENTRY_BYTES (64 MiB) are not stored and entries
+  over it are not read; encoded entries waiting to be written are bounded by MAX_INSERT_BYTES
+  (beyond it a response is not stored). What the cache holds itself is thus at most pool_size x
+  BATCH_BYTES for lookups, LARGE_READS x MAX_ENTRY_BYTES for large reads, and MAX_INSERT_BYTES
+  for inserts.
+- Redis is shared, so an entry is checked before it answers anyone (kernel.core.cache_redis_entry:
+  its format and digest, each tensor's bytes against its shape, BYTES elements well formed, the
+  outputs and datatypes against the model's config). A rejected entry is a miss: the request is
+  computed and its response replaces the entry; rejections are counted (`rejected`, the metric
+  kernel_cache_num_rejected_entries) and the first one is logged with its reason.
 - Redis can fail or slow down without failing or stalling inference: every command is bounded
   (socket_timeout and connect_timeout; Triton's 0, "wait forever", becomes DEFAULT_TIMEOUT_MS
   here), a failed lookup is a miss and the request is computed, and after FAILURES_TO_OPEN
@@ -35,134 +45,34 @@ Why it works this way:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import struct
 import time
-from dataclasses import dataclass
+from collections import deque
 from typing import Optional
 
-import msgspec
-
-from kernel.core.cache_entry import stored_answer
+from kernel.core.cache_key import redis_key
+from kernel.core.cache_redis_entry import BadEntry, Stored, decode, encode, fits, payload_size, seal
+from kernel.core.cache_redis_reads import INLINE_BYTES, Reader
+from kernel.core.cache_redis_settings import RedisSettings
 from kernel.core.errors import KernelError
-from kernel.core.request import InferRequest, InferResponse, InferTensor
+from kernel.core.request import InferRequest, InferResponse
 
 log = logging.getLogger("kernel.core.cache")
 
-KEY_PREFIX = b"kernel:response-cache:v1:"
-DEFAULT_TIMEOUT_MS = 1000
 FAILURES_TO_OPEN = 3
 FIRST_COOLDOWN_S = 1.0
 MAX_COOLDOWN_S = 30.0
+MAX_ENTRY_BYTES = 64 << 20  # responses above this are not stored, entries above it not read (README)
+LARGE_READS = 2  # large entries read at once, each on a connection of its own
+DECODE_ON_LOOP_BYTES = 64 << 10  # a lookup batch bringing back more than this is decoded off the loop
+SEAL_ON_LOOP_BYTES = 1 << 20  # an entry larger than this gets its digest off the loop
+MAX_INSERT_BYTES = 2 * MAX_ENTRY_BYTES  # encoded entries waiting for an MSET or in one
 MAX_PENDING_INSERTS = 256  # inserts waiting for an MSET; beyond this a response is not stored
-MAX_BATCH = 256  # keys in one MGET / MSET
-MAX_BATCH_BYTES = 8 << 20  # bytes of values in one MSET
-MAX_ENTRY_BYTES = 64 << 20  # responses above this are not stored (Redis values are capped at 512 MiB)
+MAX_BATCH = 256  # keys in one MSET
+MAX_BATCH_BYTES = 8 << 20  # bytes of values in one MSET (a larger entry goes alone)
 
 _now_ns = time.monotonic_ns
 _monotonic = time.monotonic
-_U32 = struct.Struct("<I")
-_encode = msgspec.msgpack.encode
-_decode = msgspec.msgpack.decode
-
-SETTINGS = ("host", "port", "user", "password", "db", "connect_timeout", "socket_timeout", "pool_size",
-            "wait_timeout", "cert", "key", "cacert", "cacert_dir")
-
-
-@dataclass(frozen=True)
-class RedisSettings:
-    host: str
-    port: int
-    user: str = "default"
-    password: Optional[str] = None
-    db: int = 0
-    connect_timeout_ms: int = 0
-    socket_timeout_ms: int = 0
-    pool_size: int = 1
-    wait_timeout_ms: int = 100
-    cert: str = ""
-    key: str = ""
-    cacert: str = ""
-    cacert_dir: str = ""
-
-    @property
-    def tls(self) -> bool:
-        return bool(self.cert or self.key or self.cacert or self.cacert_dir)
-
-    def describe(self) -> str:
-        return f"{'rediss' if self.tls else 'redis'}://{self.host}:{self.port}/{self.db}"
-
-
-def parse_settings(settings: dict[str, str], error) -> RedisSettings:
-    """`--cache-config redis,<setting>=<value>` settings; `error(message)` makes the exception to raise."""
-    if "host" not in settings or "port" not in settings:
-        raise error(
-            "Failed to initialize RedisCache, didn't specify address. Must at a minimum specify 'host' and "
-            "'port' in the configuration - e.g. tritonserver --cache-config redis,host=redis --cache-config "
-            "redis,port=6379 --model-repository=/models ...")
-    if "sni" in settings:
-        raise error("the redis cache's 'sni' setting is not supported by Kernel: its client sends the host "
-                    "name as the TLS server name (set host to the name the server's certificate carries)")
-    unknown = sorted(set(settings) - set(SETTINGS))
-    if unknown:
-        raise error(f"unknown setting(s) for the 'redis' cache: {', '.join(unknown)} (expected: {', '.join(SETTINGS)})")
-
-    def number(name: str, default: int, low: int = 0) -> int:
-        raw = settings.get(name)
-        if raw is None:
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            raise error(f"Failed to initialize RedisCache: {name} '{raw}' is not an integer") from None
-        if value < low:
-            raise error(f"Failed to initialize RedisCache: {name} must be >= {low}, got {value}")
-        return value
-
-    port = number("port", 6379)
-    if port > 65535:
-        raise error(f"Failed to initialize RedisCache: port {port} is out of range")
-    return RedisSettings(
-        host=settings["host"], port=port, user=settings.get("user") or "default",
-        password=settings.get("password"), db=number("db", 0),
-        connect_timeout_ms=number("connect_timeout", 0), socket_timeout_ms=number("socket_timeout", 0),
-        pool_size=number("pool_size", 1, low=1), wait_timeout_ms=number("wait_timeout", 100),
-        cert=settings.get("cert", ""), key=settings.get("key", ""), cacert=settings.get("cacert", ""),
-        cacert_dir=settings.get("cacert_dir", ""),
-    )
-
-
-def redis_key(model, request: InferRequest) -> bytes:
-    """The same key in every process: model name and version, then each input (in name order) as
-    name, datatype, shape and bytes, every field length-prefixed, hashed with SHA-256."""
-    h = hashlib.sha256()
-    name = model.name.encode()
-    h.update(_U32.pack(len(name)) + name + struct.pack("<q", model.version))
-    inputs = request.inputs if len(request.inputs) == 1 else sorted(request.inputs, key=lambda t: t.name)
-    h.update(_U32.pack(len(inputs)))
-    for t in inputs:
-        tname, dtype = t.name.encode(), t.datatype.encode()
-        h.update(_U32.pack(len(tname)) + tname + _U32.pack(len(dtype)) + dtype + _U32.pack(len(t.shape)))
-        h.update(struct.pack(f"<{len(t.shape)}q", *t.shape))
-        raw = t.raw
-        h.update(struct.pack("<Q", len(raw)))
-        h.update(raw)
-    return KEY_PREFIX + h.hexdigest().encode()
-
-
-class _Stored:
-    """A decoded entry, answering as the local cache's entries do."""
-
-    __slots__ = ("outputs", "parameters", "all_outputs")
-
-    def __init__(self, doc):
-        _version, self.all_outputs, params, tensors = doc
-        self.parameters = msgspec.json.decode(params) if params else None
-        self.outputs = [InferTensor(n, d, list(s), raw=r) for n, d, s, r in tensors]
-
-    def answer(self, requested) -> Optional[list[InferTensor]]:
-        return stored_answer(self.outputs, self.all_outputs, requested)
 
 
 class RedisCache:
@@ -177,15 +87,23 @@ class RedisCache:
         self.lookup_ns = 0
         self.insertion_ns = 0
         self.stored = 0  # entries this server wrote
-        self.pending = 0  # lookups not answered yet (Server.in_flight counts them)
-        self._lookups: list = []  # (model, request, key, start) waiting for the next MGET
-        self._getting = 0  # MGETs out (at most pool_size)
+        self.rejected = 0  # entries read and not used (kernel.core.cache_redis_entry)
+        self.pending = 0  # requests whose lookup is not answered yet (Server.in_flight counts them)
+        self._reader: Optional[Reader] = None
+        self._waiting: dict = {}  # key -> [(model, request, start)]: requests waiting for its lookup
+        self._lookups: deque = deque()  # keys waiting for the next lookup batch
+        self._getting = 0  # lookup batches out (at most pool_size)
+        self._large: deque = deque()  # (key, size) waiting for a large read
+        self._reading = 0  # large reads out (at most LARGE_READS)
+        self._wait_ns = int(settings.socket_timeout_s * 1e9)
         self._inserts: dict = {}  # key -> (value, model stats, encoding ns) waiting for the next MSET
+        self._insert_bytes = 0  # their values' bytes, and those of the MSET out
         self._setting = False  # an MSET is out (one at a time, on its own connection)
         self._failures = 0  # in a row
         self._open_until = 0.0  # circuit breaker: skip Redis until then
         self._cooldown = FIRST_COOLDOWN_S
         self._down = False  # said in the log that Redis is unavailable
+        self._told_rejected = False  # said in the log that an entry was rejected
         self._tasks: set = set()
 
     # ---- numbers for /metrics -------------------------------------------------------
@@ -216,20 +134,21 @@ class RedisCache:
         s = self.settings
         kwargs = dict(
             host=s.host, port=s.port, db=s.db, username=s.user if s.password is not None else None,
-            password=s.password, socket_timeout=(s.socket_timeout_ms or DEFAULT_TIMEOUT_MS) / 1000,
-            socket_connect_timeout=(s.connect_timeout_ms or DEFAULT_TIMEOUT_MS) / 1000,
+            password=s.password, socket_timeout=s.socket_timeout_s, socket_connect_timeout=s.connect_timeout_s,
         )
         connection_class = Connection
         if s.tls:
             connection_class = SSLConnection
             kwargs.update(ssl_certfile=s.cert or None, ssl_keyfile=s.key or None, ssl_ca_certs=s.cacert or None,
                           ssl_ca_path=s.cacert_dir or None)
-        # pool_size connections for lookups (MGETs), and one more for inserts (one MSET at a time).
-        pool = BlockingConnectionPool(max_connections=s.pool_size + 1, timeout=s.wait_timeout_ms / 1000,
+        # pool_size connections for lookups, LARGE_READS for large entries, one for inserts (one MSET at a time).
+        pool = BlockingConnectionPool(max_connections=s.pool_size + LARGE_READS + 1, timeout=s.wait_timeout_ms / 1000,
                                       connection_class=connection_class, **kwargs)
         self.client = aioredis.Redis(connection_pool=pool)
         try:
             await self.client.ping()
+            self._reader = Reader(self.client)
+            await self._reader.choose()
         except Exception as exc:  # noqa: BLE001 - whatever the client raises, the message names it
             await self.close()
             raise RuntimeError(f"Failed to initialize RedisCache: {s.describe()}: {_why(exc)}") from None
@@ -237,7 +156,7 @@ class RedisCache:
 
     async def close(self) -> None:
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=(self.settings.socket_timeout_ms or DEFAULT_TIMEOUT_MS) / 1000)
+            await asyncio.wait(list(self._tasks), timeout=self.settings.socket_timeout_s)
         client, self.client = self.client, None
         if client is not None:
             try:
@@ -248,15 +167,21 @@ class RedisCache:
     # ---- the request path -------------------------------------------------------------
 
     def serve(self, model, request: InferRequest) -> bool:
-        """Take the request over (True): its lookup joins the next MGET, and the answer either
-        answers it or schedules it. While the circuit breaker is open, a miss decided on the spot
-        (False: the caller schedules it)."""
+        """Take the request over (True): its lookup joins the next batch (or the one out for the same
+        key), and the answer either answers it or schedules it. While the circuit breaker is open, a
+        miss decided on the spot (False: the caller schedules it)."""
         start = _now_ns()
         if self._breaker_open() or self.client is None:
             self._miss(model, request, None, start)
             return False
+        key = redis_key(model, request)
         self.pending += 1
-        self._lookups.append((model, request, redis_key(model, request), start))
+        waiting = self._waiting.get(key)
+        if waiting is not None:
+            waiting.append((model, request, start))
+            return True
+        self._waiting[key] = [(model, request, start)]
+        self._lookups.append(key)
         if self._getting < self.settings.pool_size:
             self._start_get()
         return True
@@ -265,55 +190,138 @@ class RedisCache:
         return bool(self._open_until) and _monotonic() < self._open_until
 
     def _start_get(self) -> None:
-        # Every lookup queued while the previous MGETs were out goes in one command: under load the
+        # Every key queued while the previous batches were out goes in one command: under load the
         # client's per-command cost is paid once for many requests.
-        batch, self._lookups = self._lookups[:MAX_BATCH], self._lookups[MAX_BATCH:]
+        lookups = self._lookups
+        batch = [lookups.popleft() for _ in range(min(self._reader.batch_keys, len(lookups)))]
         self._getting += 1
         self._track(self._get_batch(batch))
 
-    async def _get_batch(self, batch: list) -> None:
-        values = None
+    async def _get_batch(self, keys: list) -> None:
+        replies = None
         try:
-            values = await self.client.mget([b[2] for b in batch])
+            replies = await self._reader.lookup(keys)
             self._succeeded()
         except Exception as exc:  # noqa: BLE001 - Redis's trouble is a miss, never the request's
             self._failed(exc)
         finally:
             self._getting -= 1
-            self.pending -= len(batch)
-        for i, (model, request, key, start) in enumerate(batch):
-            self._answer(model, request, key, start, values[i] if values is not None else None)
-        if self._lookups and self._getting < self.settings.pool_size:
-            if self._breaker_open():  # Redis went away meanwhile: what waits is computed now
-                waiting, self._lookups = self._lookups, []
-                self.pending -= len(waiting)
-                for model, request, key, start in waiting:
-                    self._answer(model, request, None, start, None)
-            else:
-                self._start_get()
+        if replies is None or len(replies) != len(keys):
+            for key in keys:
+                self._resolve(key, None)
+        else:
+            found = self._sort(keys, replies)
+            self._next()
+            if found:
+                if sum(len(v) for _, v in found) > DECODE_ON_LOOP_BYTES:
+                    decoded = await asyncio.to_thread(_decode_all, found)
+                else:
+                    decoded = _decode_all(found)
+                for key, stored in decoded:
+                    if isinstance(stored, BadEntry):
+                        self._reject(key, str(stored))
+                    else:
+                        self._resolve(key, stored)
+        self._next()
 
-    def _answer(self, model, request: InferRequest, key: Optional[bytes], start: int, data) -> None:
-        """A lookup's outcome: answer the request from the entry, or let the model compute it."""
-        outputs = None
-        if data is not None:
-            try:
-                stored = _Stored(_decode(data))
-                outputs = stored.answer(request.outputs)
-            except Exception:  # noqa: BLE001 - an entry this version cannot read is a miss
-                outputs = None
-        if outputs is not None:
-            end = _now_ns()
-            self.hits += 1
-            self.lookup_ns += end - start
-            model.stats.record_cache_hit(end - start, end - request.arrival_ns)
-            request.on_response(InferResponse(model.name, model.version_str, request.id, outputs=outputs,
-                                              parameters=dict(stored.parameters) if stored.parameters else None))
+    def _sort(self, keys: list, replies: list) -> list:
+        """What each key's reply asks for next; returns the (key, value) pairs to decode."""
+        found, again = [], []
+        for key, reply in zip(keys, replies):
+            if isinstance(reply, bytes):
+                found.append((key, reply))
+            elif not isinstance(reply, int):
+                self._reject(key, "redis answered its lookup with something other than a value or a length")
+            elif reply == 0:
+                self._resolve(key, None)  # no such entry
+            elif reply < 0:
+                self._reject(key, "its key holds something other than a string")
+            elif reply > MAX_ENTRY_BYTES:
+                self._reject(key, f"it is {reply} bytes, over the {MAX_ENTRY_BYTES}-byte limit on entries")
+            elif reply > INLINE_BYTES:
+                self._large.append((key, reply))
+            else:
+                again.append(key)  # small, but over this batch's byte budget: the next batch
+        self._lookups.extendleft(reversed(again))
+        return found
+
+    def _next(self) -> None:
+        """Start what waits, as far as the connections allow; with the breaker open, compute it all now."""
+        if self._breaker_open():
+            while self._lookups:
+                self._resolve(self._lookups.popleft(), None)
+            while self._large:
+                self._resolve(self._large.popleft()[0], None)
             return
-        self._miss(model, request, key, start)
+        while self._lookups and self._getting < self.settings.pool_size:
+            self._start_get()
+        while self._large and self._reading < LARGE_READS:
+            key, size = self._large.popleft()
+            waiting = self._waiting.get(key)
+            if not waiting:
+                continue
+            if _now_ns() - waiting[0][2] > self._wait_ns:
+                self._resolve(key, None)  # waited behind other large reads for longer than Redis may take
+                continue
+            self._reading += 1
+            self._track(self._read_large(key, size))
+
+    async def _read_large(self, key: bytes, size: int) -> None:
+        value = stored = None
         try:
-            model.scheduler.enqueue(request)
-        except KernelError as exc:  # refused now rather than in Server.submit: the client gets it as the answer
-            request.on_response(InferResponse(model.name, model.version_str, request.id, error=exc))
+            value = await self._reader.read_large(key, size)
+            self._succeeded()
+        except Exception as exc:  # noqa: BLE001
+            self._failed(exc)
+        try:
+            if value is not None:
+                stored = (await asyncio.to_thread(_decode_all, [(key, value)]))[0][1]
+        finally:
+            self._reading -= 1
+        if isinstance(stored, BadEntry):
+            self._reject(key, str(stored))
+        else:
+            self._resolve(key, stored)  # None: gone or shortened meanwhile, or Redis failed: a miss
+        self._next()
+
+    def _reject(self, key: bytes, why: str) -> None:
+        self.rejected += 1
+        if not self._told_rejected:
+            self._told_rejected = True
+            waiting = self._waiting.get(key)
+            model = f" for model '{waiting[0][0].name}'" if waiting else ""
+            log.warning("response cache: an entry in redis at %s%s was not used: %s; its request is computed and "
+                        "its response replaces the entry (further rejected entries are counted in "
+                        "kernel_cache_num_rejected_entries, not logged)", self.settings.describe(), model, why)
+        self._resolve(key, None)
+
+    def _resolve(self, key: bytes, stored: Optional[Stored]) -> None:
+        """A lookup's outcome for every request waiting on it: answered from the entry, or computed."""
+        waiting = self._waiting.get(key)
+        if not waiting:
+            return
+        if stored is not None:
+            why = fits(waiting[0][0], stored.outputs)
+            if why is not None:
+                self._reject(key, why)  # resolves it as a miss
+                return
+        del self._waiting[key]
+        self.pending -= len(waiting)
+        for model, request, start in waiting:
+            outputs = stored.answer(request.outputs) if stored is not None else None
+            if outputs is not None:
+                end = _now_ns()
+                self.hits += 1
+                self.lookup_ns += end - start
+                model.stats.record_cache_hit(end - start, end - request.arrival_ns)
+                request.on_response(InferResponse(model.name, model.version_str, request.id, outputs=outputs,
+                                                  parameters=dict(stored.parameters) if stored.parameters else None))
+                continue
+            self._miss(model, request, key, start)
+            try:
+                model.scheduler.enqueue(request)
+            except KernelError as exc:  # refused now rather than in Server.submit: the client gets it as the answer
+                request.on_response(InferResponse(model.name, model.version_str, request.id, error=exc))
 
     def _miss(self, model, request: InferRequest, key: Optional[bytes], start: int) -> None:
         """Count a miss and store the response on its way back (unless Redis is away)."""
@@ -328,21 +336,30 @@ class RedisCache:
             if response.final:
                 stats.record_cache_miss(lookup_ns)
                 if key is not None and response.error is None:
-                    self._store(key, response, all_outputs, stats)
+                    self._store(key, response, all_outputs, model)
             deliver(response)
 
         request.on_response = on_response
 
-    def _store(self, key: bytes, response: InferResponse, all_outputs: bool, stats) -> None:
+    def _store(self, key: bytes, response: InferResponse, all_outputs: bool, model) -> None:
         if len(self._inserts) >= MAX_PENDING_INSERTS or self._breaker_open():
             return
+        size = payload_size(response.outputs)
+        if size > MAX_ENTRY_BYTES or self._insert_bytes + size > MAX_INSERT_BYTES:
+            return
+        if fits(model, response.outputs) is not None:
+            return  # its config does not describe this response: a reader would reject it
         t0 = _now_ns()
-        params = msgspec.json.encode(response.parameters) if response.parameters else b""
-        # Encoding copies the output bytes: the response's buffers are reused once it is sent.
-        value = _encode([1, all_outputs, params, [(t.name, t.datatype, list(t.shape), t.raw) for t in response.outputs]])
+        value = encode(response.outputs, response.parameters, all_outputs)
         if len(value) > MAX_ENTRY_BYTES:
             return
-        self._inserts[key] = (value, stats, _now_ns() - t0)
+        if len(value) <= SEAL_ON_LOOP_BYTES:
+            seal(value)  # larger ones are sealed off the loop, before their MSET
+        old = self._inserts.pop(key, None)
+        if old is not None:
+            self._insert_bytes -= len(old[0])
+        self._inserts[key] = (value, model.stats, _now_ns() - t0)
+        self._insert_bytes += len(value)
         if not self._setting:
             self._start_set()
 
@@ -353,12 +370,15 @@ class RedisCache:
             entry = batch[key] = self._inserts.pop(key)
             size += len(entry[0])
         self._setting = True
-        self._track(self._set_batch(batch))
+        self._track(self._set_batch(batch, size))
 
-    async def _set_batch(self, batch: dict) -> None:
+    async def _set_batch(self, batch: dict, size: int) -> None:
         t0 = _now_ns()
         try:
-            await self.client.mset({key: entry[0] for key, entry in batch.items()})
+            large = [entry[0] for entry in batch.values() if len(entry[0]) > SEAL_ON_LOOP_BYTES]
+            if large:
+                await asyncio.to_thread(_seal_all, large)
+            await self.client.mset({key: memoryview(entry[0]) for key, entry in batch.items()})
             self._succeeded()
             self.stored += len(batch)
             share = (_now_ns() - t0) // len(batch)
@@ -369,9 +389,11 @@ class RedisCache:
             self._failed(exc)
         finally:
             self._setting = False
+            self._insert_bytes -= size
         if self._inserts:
             if self._breaker_open():
                 self._inserts.clear()
+                self._insert_bytes = 0
             else:
                 self._start_set()
 
@@ -406,6 +428,24 @@ class RedisCache:
 
     def clear_model(self, model) -> None:
         """Entries are shared with other servers and outlive this load: nothing to drop here."""
+
+
+def _decode_all(found: list) -> list:
+    """[(key, Stored or the BadEntry that rejects it)] for [(key, value)]."""
+    out = []
+    for key, value in found:
+        try:
+            out.append((key, decode(value)))
+        except BadEntry as exc:
+            out.append((key, exc))
+        except Exception as exc:  # noqa: BLE001 - whatever else a hostile value provokes rejects it too
+            out.append((key, BadEntry(f"it does not decode: {type(exc).__name__}: {exc}")))
+    return out
+
+
+def _seal_all(values: list) -> None:
+    for value in values:
+        seal(value)
 
 
 def _why(exc: Exception) -> str:

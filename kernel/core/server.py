@@ -36,6 +36,8 @@ EXTENSIONS = [
     "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
     "statistics", "trace", "logging",
 ]
+# Seconds the last trace spans get at shutdown even when draining spent the exit timeout.
+FINAL_EXPORT_S = 0.5
 
 
 @dataclass
@@ -421,7 +423,8 @@ class Server:
         if self.response_cache is not None:
             await self.response_cache.close()
         if self.tracer is not None:
-            await self.tracer.close()
+            # What is left of the exit timeout (at least a moment for the last spans to go).
+            await self.tracer.close(max(FINAL_EXPORT_S, deadline - loop.time()))
         self.live = False
 
 

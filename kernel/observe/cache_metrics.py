@@ -5,7 +5,9 @@ Per model version, for versions whose config enables response_cache (shown even 
 runs without a cache, as Triton does): hit and miss counts and durations, read from ModelStats.
 For the server's cache as a whole, when --cache-config sets one up: utilization, entries, hits,
 misses, lookups, evictions and lookup/insertion durations. Triton 2.51 registers these but leaves
-all but nv_cache_util at 0 for its local cache; Kernel reports the real numbers.
+all but nv_cache_util at 0 for its local cache; Kernel reports the real numbers. One more family,
+kernel_cache_num_rejected_entries, is Kernel's: entries the redis cache read and rejected (issue 31,
+N11; always 0 for the local cache, whose entries this process wrote).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ SERVER_GAUGES = (
      lambda c: c.lookup_ns // 1000),
     ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
      lambda c: c.insertion_ns // 1000),
+    # Kernel's own (no Triton name): entries the redis cache read and did not use (cache_redis_entry).
+    ("kernel_cache_num_rejected_entries",
+     "Number of stored responses found unusable (malformed, or not matching the model's outputs) and recomputed",
+     lambda c: c.rejected),
 )
 
 

@@ -168,6 +168,7 @@ class OtelExporter:
             log.warning("bsp_max_export_batch_size %d is above bsp_max_queue_size %d; exporting batches of %d",
                         batch, queue_size, queue_size)
             batch = queue_size
+        self.url = url
         self.processor = BatchSpanProcessor(
             OTLPSpanExporter(endpoint=url), max_queue_size=queue_size,
             schedule_delay_millis=_bsp_value("bsp_schedule_delay", given), max_export_batch_size=max(1, batch),
@@ -231,11 +232,21 @@ class OtelExporter:
         """A finished trace (with its ensemble steps and BLS calls in `children`): export its spans."""
         self._queue.put(trace)
 
-    def close(self) -> None:
-        """Export what is left and stop (blocking: the caller runs it in a thread)."""
+    def close(self, timeout: float) -> None:
+        """Export what is left and stop, within `timeout` seconds (blocking: the caller runs it in a
+        thread). The SDK's shutdown waits up to 30 s for its last export, and more while a
+        collector that is down is retried (SIGTERM took 25-31 s with --exit-timeout-secs 10, issue
+        31): it runs on a daemon thread of its own, and what it has not exported by then is
+        dropped with a warning, so the server still stops within its exit timeout."""
+        deadline = time.monotonic() + timeout
         self._queue.put(None)
-        self._thread.join()
-        self.processor.shutdown()
+        self._thread.join(timeout)
+        stopping = threading.Thread(target=self.processor.shutdown, name="kernel-otel-shutdown", daemon=True)
+        stopping.start()
+        stopping.join(max(0.0, deadline - time.monotonic()))
+        if stopping.is_alive() or self._thread.is_alive():
+            log.warning("the OpenTelemetry collector at %s did not take the last spans within %.1f s; "
+                        "they are dropped", self.url, timeout)
 
     def _run(self) -> None:
         while True:

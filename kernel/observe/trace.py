@@ -342,8 +342,9 @@ class Tracer:
         if current is not None:
             current.retire()
 
-    async def close(self) -> None:
-        """Write every unwritten trace and close the trace files (server shutdown)."""
+    async def close(self, timeout: float = 30.0) -> None:
+        """Write every unwritten trace and close the trace files (server shutdown); the last spans
+        of OpenTelemetry mode get at most `timeout` seconds to reach the collector."""
         import asyncio
 
         for s in (self._global, *self._models.values()):
@@ -352,7 +353,7 @@ class Tracer:
             f.close()
         await asyncio.to_thread(self._writer.join)
         if self.otel is not None:
-            await asyncio.to_thread(self.otel.close)
+            await asyncio.to_thread(self.otel.close, timeout)
 
 
 # ---------------------------------------------------------------- one traced request

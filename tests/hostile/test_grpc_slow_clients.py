@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as tc_pb
 
-from conftest import EXAMPLES, KernelProcess
+from conftest import EXAMPLES, KernelProcess, children
 from test_http2_limits import (
     DATA, HEADERS, INFER, PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, Goaway,
     RawH2, assert_infer_works, frame, grpc_message, rss_mb,
@@ -136,16 +136,6 @@ def statuses(c: RawH2, ids, timeout: float, on_wait=None, enough: int = 0) -> di
         elif kind == HEADERS:
             decoder.decode(payload)
     return got
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(x) for x in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return found
 
 
 def worker_arena_bytes(front_pid: int) -> int:

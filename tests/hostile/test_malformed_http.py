@@ -174,7 +174,9 @@ def test_deeply_nested_json_is_400(fronts):
                                   "/v2/systemsharedmemory/region/x/register", "/v2/logging", "/v2/trace/setting"])
 def test_deeply_nested_json_is_400_on_every_route(fronts, path):
     deep = b'{"INPUT0":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    assert_refused(fronts.http.post(path, content=deep), "nested too deeply")
+    # (A control route counts its JSON's values before decoding it: 100 000 arrays are too many.)
+    expected = "nested too deeply" if path.endswith("/generate") else "more than 65536 JSON values"
+    assert_refused(fronts.http.post(path, content=deep), expected)
     assert_serving(fronts)
 
 

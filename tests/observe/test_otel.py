@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLES, ROOT, TEST_MODELS, KernelProcess, running
+from conftest import EXAMPLES, ROOT, TEST_MODELS, KernelProcess, free_port, running
 
 ENSEMBLES = TEST_MODELS / "scheduling" / "ensembles"
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -297,6 +298,27 @@ def test_spans_left_are_exported_at_shutdown(start_kernel):
         assert sorted(s["name"] for s in r.spans) == sorted(["InferRequest", "add_sub", "compute"] * 2)
     finally:
         r.close()
+
+
+def test_sigterm_with_the_collector_down_stops_within_the_exit_timeout(start_kernel):
+    """Spans for a collector that is down (a closed local port): SIGTERM took 25-31 s with
+    --exit-timeout-secs 10 (the SDK's shutdown waits up to 30 s for its last export, retrying).
+    The exit timeout bounds it; the spans left are dropped with a warning."""
+    closed = free_port()  # nothing listens there
+    k = start_kernel([EXAMPLES], "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS",
+                     "--trace-config", "rate=1", "--trace-config",
+                     f"opentelemetry,url=http://127.0.0.1:{closed}/v1/traces", "--exit-timeout-secs=4").wait_ready()
+    client = httpclient.InferenceServerClient(k.url)
+    for _ in range(400):  # 1200 spans: three export batches, each retried until its own timeout
+        client.infer("add_sub", _inputs(httpclient))
+    client.close()
+    start = time.monotonic()
+    k.proc.send_signal(signal.SIGTERM)
+    code = k.proc.wait(60)
+    took = time.monotonic() - start
+    assert took < 4 + 3, f"SIGTERM took {took:.1f} s with --exit-timeout-secs=4"
+    assert code == 0
+    assert "did not take the last spans" in k.log()
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -128,12 +128,22 @@ def message(algorithm: bytes, parts: list, size: int) -> tuple[list, int]:
 _pool: Optional[ThreadPoolExecutor] = None
 
 
+def _deflate(job: list):
+    algorithm, parts, size = job
+    if parts is None:
+        return None  # cancelled while it waited for a thread
+    return message(algorithm, parts, size)
+
+
 def beside_loop(algorithm: bytes, parts: list, size: int) -> asyncio.Future:
     """message(algorithm, parts, size) on the compression threads: a future of the running loop.
 
-    The future holds `parts` (and so the buffers they view) until the work is done, also when
-    the caller has stopped waiting for it."""
+    The work holds `parts` (and so the buffers they view) until it is done; cancelling the future
+    lets go of them at once, also while the work still waits for a thread."""
     global _pool
     if _pool is None:
         _pool = ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="kernel-grpc-deflate")
-    return asyncio.get_running_loop().run_in_executor(_pool, message, algorithm, parts, size)
+    job = [algorithm, parts, size]
+    future = asyncio.get_running_loop().run_in_executor(_pool, _deflate, job)
+    future.add_done_callback(lambda f: f.cancelled() and job.__setitem__(1, None))
+    return future

@@ -17,29 +17,29 @@ refused. Mixed into GrpcConnection.
 
 from __future__ import annotations
 
-import zlib
+import logging
 from typing import Optional
 
 import numpy as np
 
+from kernel.transports import inflate
 from kernel.transports.grpc import codec
 from kernel.transports.grpc.http2.frames import U32
+from kernel.transports.grpc.http2.output import StreamHolder
 
 # Request messages of this size (up to the max) are read straight into a buffer of their own.
 DIRECT_MESSAGE = 256 * 1024
 DIRECT_MESSAGE_MAX = 1 << 30
 
+log = logging.getLogger("kernel.grpc")
 
-class PartialMessage:
-    """A call's request message in progress as the server's account of partial requests sees it
-    (kernel.core.holding.Holder): the bytes received so far, and for a unary call its whole
-    message until the client ends the stream (a client can stop just before that, too)."""
 
-    __slots__ = ("conn", "stream")
+class PartialMessage(StreamHolder):
+    """A call's request message in progress as the server's account of partial requests sees it:
+    the bytes received so far, and for a unary call its whole message until the client ends the
+    stream (a client can stop just before that, too)."""
 
-    def __init__(self, conn, stream):
-        self.conn = conn
-        self.stream = stream
+    __slots__ = ()
 
     def held_bytes(self) -> int:
         s = self.stream
@@ -54,15 +54,14 @@ class PartialMessage:
             n += len(message)
         return n
 
-    def cut(self, reason: str) -> None:
-        if not self.stream.closed:
-            self.conn.cut_stream(self.stream, reason)
-
 
 class MessageInputMixin:
     """The request-message half of GrpcConnection."""
 
     def on_body(self, s, chunk: bytes) -> None:
+        if s.inflating is not None:
+            s.held_back.append(chunk)  # behind a message being inflated beside the loop
+            return
         view = s.msg_view
         if view is not None:
             # A large message being read into its own buffer (see _start_message).
@@ -73,6 +72,9 @@ class MessageInputMixin:
             if k == len(chunk) or s.closed or s.trailers is not None:
                 return
             chunk = chunk[k:]
+            if s.inflating is not None:
+                s.held_back.append(chunk)
+                return
         if s.parts:
             s.parts.append(chunk)
             s.have += len(chunk)
@@ -99,8 +101,10 @@ class MessageInputMixin:
             message = buf[pos + 5 : pos + 5 + length] if (pos or n != 5 + length) else buf[5:]
             pos += 5 + length
             if compressed:
-                message = self._decompress(s, message)
+                message = self._inflate(s, message)
                 if message is None:
+                    if s.inflating is not None and pos < n:
+                        s.held_back.append(buf[pos:])
                     return
             self._on_message(s, message)
             if s.closed or s.trailers is not None:
@@ -164,7 +168,7 @@ class MessageInputMixin:
         s.msg_view = None
         self._release(s)
         if s.msg_compressed:
-            view = self._decompress(s, view)
+            view = self._inflate(s, view)
             if view is None:
                 return
         self._on_message(s, view)
@@ -182,41 +186,66 @@ class MessageInputMixin:
         if holder is not None:
             self.held_input.unwatch(holder)
 
-    def _decompress(self, s, message: bytes) -> Optional[bytes]:
-        """The message inflated, never past the limit: a few KB of gzip can expand to gigabytes."""
-        if s.encoding == b"gzip":
-            wbits = 16 + zlib.MAX_WBITS
-        elif s.encoding == b"deflate":
-            wbits = zlib.MAX_WBITS
-        else:
+    def _inflate(self, s, message) -> Optional[bytes]:
+        """The message inflated (kernel.transports.inflate: linear, never past the limit nor past
+        its member limit; a few KB of gzip can expand to gigabytes), or None: the call was
+        answered with an error, or the message is being inflated beside the loop (`inflating`;
+        the call's later bytes and its end wait in `held_back` and `end_pending`, and its window
+        is not opened again meanwhile, so what waits stays within one window)."""
+        encoding = s.encoding
+        if encoding != b"gzip" and encoding != b"deflate":
             self._finish(s, codec.INTERNAL, "compressed message without a grpc-encoding header")
             return None
-        limit = self.max_decompressed_size
-        parts = []
-        size = 0
-        rest = message
+        job = inflate.Inflation(message, encoding.decode(), self.max_decompressed_size)
         try:
-            while True:  # one pass per gzip member
-                inflater = zlib.decompressobj(wbits)
-                part = inflater.decompress(rest, limit + 1 - size)
-                size += len(part)
-                parts.append(part)
-                if size > limit:
-                    self._too_large(s, None, limit)
-                    return None
-                if not inflater.eof:
-                    self._finish(s, codec.INTERNAL, "failed to decompress the request message: incomplete stream")
-                    return None
-                rest = inflater.unused_data
-                if not rest or wbits == zlib.MAX_WBITS:
-                    break
-        except zlib.error as exc:
+            if job.run(inflate.INLINE_WORK):
+                return job.result()
+        except inflate.InflateError as exc:
+            self._inflate_failed(s, exc)
+            return None
+        s.inflating = future = inflate.beside_loop(job)
+        s.window_held = True
+        future.add_done_callback(lambda f: self._inflated(s, f))
+        return None
+
+    def _inflated(self, s, future) -> None:
+        """A message inflated beside the loop: deliver it, then what the call sent behind it."""
+        if s.inflating is not future:
+            return  # the call ended meanwhile (on_closed)
+        s.inflating = None
+        if s.closed or s.trailers is not None:
+            s.held_back = []
+            return
+        exc = future.exception()
+        if isinstance(exc, inflate.InflateError):
+            self._inflate_failed(s, exc)
+        elif exc is not None:
+            log.error("unexpected error inflating a gRPC request message", exc_info=exc)
+            self._finish(s, codec.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        else:
+            self._on_message(s, future.result())
+        held, s.held_back = s.held_back, []
+        for chunk in held:
+            if s.closed or s.trailers is not None:
+                break
+            self.on_body(s, chunk)  # (back into held_back if another message goes beside the loop)
+        if s.inflating is not None:
+            return
+        s.window_held = False
+        if s.end_pending:
+            s.end_pending = False
+            self.on_end_stream(s)
+        if s.recv_unacked and not s.closed and s not in self.granting:
+            self.granting.append(s)
+        self._read_done()  # start the call, grant the window it was not given meanwhile
+
+    def _inflate_failed(self, s, exc: inflate.InflateError) -> None:
+        if exc.bound == "size":
+            self._too_large(s, None, self.max_decompressed_size)
+        elif exc.bound is not None:
+            self._finish(s, codec.RESOURCE_EXHAUSTED, f"failed to decompress the request message: {exc}")
+        else:
             self._finish(s, codec.INTERNAL, f"failed to decompress the request message: {exc}")
-            return None
-        if rest:
-            self._finish(s, codec.INTERNAL, "failed to decompress the request message: data after the stream")
-            return None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _too_large(self, s, size: Optional[int], limit: int) -> None:
         # grpc C-core's status and wording for a message over the receive limit.

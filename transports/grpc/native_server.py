@@ -32,7 +32,8 @@ from kernel.transports import listen
 from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec, compression
 from kernel.transports.grpc.compressed_output import CompressedOutputMixin
-from kernel.transports.grpc.http2.connection import Http2Connection, Stream
+from kernel.transports.grpc.call_state import INFER, STREAM, UNARY, GrpcStream
+from kernel.transports.grpc.http2.connection import Http2Connection
 from kernel.transports.grpc.http2.data_input import RECV_BUFFER
 from kernel.transports.grpc.http2.frames import FLAG_END_HEADERS, HEADERS, U32, frame, literal
 from kernel.transports.grpc.http2.limits import Http2Limits
@@ -48,13 +49,9 @@ log = logging.getLogger("kernel.grpc")
 
 # ---------------------------------------------------------------- the service's methods
 
-UNARY = 0
-INFER = 1
-STREAM = 2
 # ModelInfer requests this large have their raw_input_contents taken out as views of the
 # message (codec.split_raw_inputs) instead of being copied by protobuf.
 SPLIT_RAW_INPUTS = 64 * 1024
-
 
 
 def method_table(service: InferenceService) -> dict[bytes, tuple]:
@@ -66,46 +63,6 @@ def method_table(service: InferenceService) -> dict[bytes, tuple]:
     table[f"/{SERVICE}/ModelInfer".encode()] = (INFER, pb.ModelInferRequest, None)
     table[f"/{SERVICE}/ModelStreamInfer".encode()] = (STREAM, pb.ModelInferRequest, None)
     return table
-
-
-class GrpcStream(Stream):
-    """One HTTP/2 stream = one gRPC call: what the call keeps beside the stream's HTTP/2 state."""
-
-    __slots__ = (
-        "kind", "req_type", "method", "parts", "have", "need", "messages", "request", "session", "timer",
-        "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
-        "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "trace_context", "out_encoding",
-        "compressing",
-    )
-
-    def __init__(self, stream_id: int, send_window: int, recv_window: int):
-        super().__init__(stream_id, send_window, recv_window)
-        self.kind = UNARY
-        self.req_type = None
-        self.method = None
-        self.parts: list = []  # pieces of an incomplete request message
-        self.have = 0  # bytes in parts
-        self.need = 0  # bytes parts must reach before another message can complete
-        self.messages: list = []  # complete unary request messages
-        self.request = None  # core request of a ModelInfer call in flight
-        self.session = None  # StreamSession of a ModelStreamInfer call
-        self.timer = None
-        self.encoding = b""
-        self.grpc_error_mode = False
-        self.flush_scheduled = False
-        self.trace = None  # kernel.observe.trace.Trace of a sampled ModelInfer call
-        self.started_ns = 0  # when its headers arrived (only taken while tracing is on)
-        self.trace_context = None  # its W3C traceparent/tracestate (only read while tracing is on)
-        self.metadata = None  # client metadata of an infer call, kept only when headers are forwarded
-        self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read
-        self.call = None  # the decoded request of a unary call, between its end of input and its start
-        self.reserved = 0  # the size of its partial message, counted in the connection's `reserved`
-        self.raws = None  # the raw_input_contents of a large ModelInfer request, split off its message
-        self.msg_view = None  # the buffer a large request message is being read into
-        self.msg_filled = 0  # bytes of it read so far
-        self.msg_compressed = 0
-        self.out_encoding = None  # the algorithm of its compressed answers (compression.py), or None
-        self.compressing = False  # a message of its answer is being deflated beside the loop
 
 
 class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
@@ -130,6 +87,9 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         # and the holders it watches for this connection's calls (message_input.py).
         self.held_input = server.held_input
         self.partials: dict = {}
+        # Answer bytes of its calls waiting to be compressed, and their holders (compressed_output.py).
+        self.compress_held = 0
+        self.compressing_calls: dict = {}
 
     # ---- a call starts ----------------------------------------------------------
 
@@ -222,6 +182,9 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
             self.unwatch_message(s)
         if s.closed or s.trailers is not None:
             return
+        if s.inflating is not None:
+            s.end_pending = True  # handled once the message before it is inflated
+            return
         if s.denied is not None:
             self._finish(s, codec.UNAVAILABLE, s.denied)
             return
@@ -273,7 +236,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         )
 
     def _start_infer(self, s: GrpcStream, msg) -> None:
-        if self.blocked or self.paused:
+        if self.blocked or self.paused or self.compress_held:
             # Answers are waiting for this client to read them: past the connection's bound,
             # no more work is started for it.
             refusal = self._output_refusal(0)
@@ -370,24 +333,26 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
 
     def _flush_session(self, s: GrpcStream) -> None:
         s.flush_scheduled = False
-        if s.closed or s.trailers is not None or s.compressing:
+        if s.closed or s.trailers is not None:
             return
         session = s.session
         outbox = session.outbox
-        if outbox:
-            if s.out_encoding is None:
-                data = []
-                n = 0
-                while outbox:
-                    body = outbox.popleft()
-                    data.append(b"\x00" + U32.pack(len(body)))
-                    data.append(body)
-                    n += 5 + len(body)
-            else:
-                data, n = self.compressed_messages(s, outbox)
-            if data and not self.send_messages(s, data, n):
+        if s.out_encoding is not None:
+            if outbox or s.out_queue:
+                ready = self.compressed_messages(s, outbox)
+                if ready is None or ready[0] and not self.send_messages(s, *ready):
+                    return
+        elif outbox:
+            data = []
+            n = 0
+            while outbox:
+                body = outbox.popleft()
+                data.append(b"\x00" + U32.pack(len(body)))
+                data.append(body)
+                n += 5 + len(body)
+            if not self.send_messages(s, data, n):
                 return
-        if session.finished and not s.compressing:
+        if session.finished and s.compressing is None and not s.out_queue:
             error = session.error
             if error is not None:
                 self._finish(s, error.code, error.message)
@@ -486,7 +451,8 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         for s in self.streams.values():
             session = s.session
             if (session is None or session.inflight or session.outbox or s.pending or s.parts
-                    or s.msg_view is not None or s.compressing):
+                    or s.msg_view is not None or s.compressing is not None or s.out_queue
+                    or s.inflating is not None):
                 n += 1
         if not n and self.transport is not None and self.transport.get_write_buffer_size():
             n = 1
@@ -505,6 +471,12 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
     def on_closed(self, s: GrpcStream) -> None:
         """Stop the call's timer and any work still running."""
         s.msg_view = None
+        if s.inflating is not None:
+            s.inflating.cancel()
+            s.inflating = None
+            s.held_back = []
+        if s.out_encoding is not None:
+            self.drop_compressed(s)
         if s.reserved:
             self._release(s)
         if self.partials:

@@ -8,7 +8,6 @@ small enough to read at a glance below.
 from __future__ import annotations
 
 import logging
-import zlib
 from typing import Optional
 
 from kernel.core.errors import ErrorCode, KernelError
@@ -16,7 +15,8 @@ from kernel.core.request import collect_single_response
 from kernel.transports.restrictions import Category, Restrictions, http_message
 from kernel.core.server import Server
 from kernel.transports.asgi import lifespan, send_error, send_json, send_response, send_status, status_for
-from kernel.transports.http.body import check_size, read_body
+from kernel.transports.http.body import check_json_values, check_size, read_body
+from kernel.transports import inflate
 from kernel.transports.http import codec, generate, large_json, shared_memory
 from kernel.transports.http import log_trace as settings
 from kernel.transports.http import repository_api as repository
@@ -186,7 +186,7 @@ class HttpApp:
         if held.over_limit:  # answers wait for slow readers past --max-held-output-bytes: hold no more
             raise KernelError(ErrorCode.UNAVAILABLE, held.refusal())
         if encoding and encoding != "identity":
-            body = self._decompress(body, encoding)
+            body = await self._decompress(body, encoding)
         decoded = None
         if len(body) > large_json.INLINE_REQUEST_BYTES and large_json.too_large_for_loop(body, header_length):
             decoded = await large_json.run(large_json.decode_request, body, header_length)
@@ -246,37 +246,26 @@ class HttpApp:
         """The whole request body, never past --http-max-input-size; None if the client went away."""
         return await read_body(receive, self.max_input_size)
 
-    def _decompress(self, body: bytes, encoding: str) -> bytes:
-        """The body inflated, never past --http-max-input-size.
+    async def read_control_body(self, receive) -> Optional[bytes]:
+        """read_body for a control route's JSON, refused if it holds too many values to decode (body.py)."""
+        body = await read_body(receive, self.max_input_size)
+        if body is not None:
+            await check_json_values(body)
+        return body
 
-        A gzip body may hold several members (RFC 1952: they concatenate); anything
-        after the last complete stream, or a stream cut short, is refused rather than ignored.
-        """
-        if encoding not in ("gzip", "deflate"):
+    async def _decompress(self, body: bytes, encoding: str) -> bytes:
+        """The body inflated (kernel.transports.inflate: linear, off the loop once large), never
+        past --http-max-input-size nor past its member limit. A gzip body may hold several
+        members (RFC 1952: they concatenate); anything after the last complete stream, or a
+        stream cut short, is refused rather than ignored."""
+        if encoding not in inflate.ENCODINGS:
             raise KernelError(ErrorCode.UNSUPPORTED, f"unsupported Content-Encoding '{encoding}'")
-        wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-        parts = []
-        size = 0
-        rest = body
         try:
-            while True:
-                d = zlib.decompressobj(wbits)
-                out = d.decompress(rest, self.max_input_size - size + 1)
-                size += len(out)
-                check_size(size, self.max_input_size)
-                parts.append(out)
-                if not d.eof:
-                    raise KernelError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: "
-                                      f"the {encoding} stream is incomplete")
-                rest = d.unused_data
-                if not rest:
-                    break
-                if encoding != "gzip" or rest[:2] != b"\x1f\x8b":
-                    raise KernelError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: "
-                                      f"{len(rest)} bytes follow the {encoding} stream")
-        except zlib.error as exc:
+            return await inflate.inflate(body, encoding, self.max_input_size)
+        except inflate.InflateError as exc:
+            if exc.bound == "size":
+                check_size(exc.size, self.max_input_size)
             raise KernelError(ErrorCode.INVALID_ARG, f"failed to decompress the request body: {exc}") from None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _MethodNotAllowed(Exception):

@@ -1,9 +1,18 @@
 """Reading a request body: every route that takes one (infer, generate, repository, shared
 memory, logging, trace; SageMaker and Vertex AI JSON; the OpenAI API) reads it here, bounded by
---http-max-input-size. Each caller says how a body over the bound is refused."""
+--http-max-input-size. Each caller says how a body over the bound is refused.
+
+The control routes (logging, trace settings, shared-memory registration, the repository API,
+SageMaker's model load) decode their JSON whole, as Python objects, on the event loop: 64 MiB of
+`[],[],...` took 5 s and 1.7 GB to decode (issue 31). Their bodies hold a few values (a model load's
+files are base64 strings: one value each), so `check_json_values` first counts what could become
+an object (separators, arrays, objects) and refuses a body with more than MAX_CONTROL_JSON_VALUES,
+naming the limit; a large body is counted in pieces beside the loop, stopping at the limit.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Callable, Optional
 
 from kernel.core.errors import ErrorCode, KernelError
@@ -38,6 +47,40 @@ async def read_body(receive, limit: int,
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+# JSON values a control request may hold: far more than any real one (a model config sent as a
+# string counts its own commas and brackets), few enough to decode in milliseconds.
+MAX_CONTROL_JSON_VALUES = 65536
+# Bodies up to this size are counted on the loop (well under a millisecond); larger ones on a thread.
+_INLINE_COUNT = 64 * 1024
+_COUNT_PIECE = 1 << 20
+
+
+def _json_values(body, start: int, end: int) -> int:
+    return body.count(b",", start, end) + body.count(b"[", start, end) + body.count(b"{", start, end)
+
+
+def _count_values(body, limit: int) -> int:
+    """The JSON values `body` may hold, counted piece by piece and no further than past `limit`
+    (between two pieces the event loop takes the interpreter back)."""
+    n = 0
+    for start in range(0, len(body), _COUNT_PIECE):
+        n += _json_values(body, start, start + _COUNT_PIECE)
+        if n > limit:
+            break
+    return n
+
+
+async def check_json_values(body: bytes, limit: int = MAX_CONTROL_JSON_VALUES) -> None:
+    """KernelError (400) when a control request's JSON `body` may hold more than `limit` values."""
+    if len(body) <= _INLINE_COUNT:
+        n = _json_values(body, 0, len(body))
+    else:
+        n = await asyncio.to_thread(_count_values, body, limit)
+    if n > limit:
+        raise KernelError(ErrorCode.INVALID_ARG, f"failed to parse the request JSON buffer: it holds more than "
+                                                 f"{limit} JSON values, the most a control request may hold")
 
 
 def check_size(size: int, limit: int) -> None:

@@ -35,7 +35,7 @@ def _json_type_error(expected: str) -> KernelError:
 
 
 async def _request_doc(app, receive) -> Any:
-    body = await app.read_body(receive)
+    body = await app.read_control_body(receive)
     if body is None:
         return None
     try:

@@ -62,7 +62,7 @@ async def handle(app, scope, method: str, receive, send) -> None:
     if method != "POST":
         await send_error(send, 405, "Method Not Allowed")
         return
-    body = await app.read_body(receive)
+    body = await app.read_control_body(receive)
     if body is None:
         return  # the client went away
     if repo:

@@ -68,7 +68,7 @@ async def handle(app, path: str, method: str, receive, send) -> None:
     kind = "cuda" if cuda else "system"
     if not name:
         raise KernelError(ErrorCode.INVALID_ARG, f"'region name' is necessary to register {kind} shared memory region")
-    body = await app.read_body(receive)
+    body = await app.read_control_body(receive)
     if body is None:
         return  # client went away
     if cuda:

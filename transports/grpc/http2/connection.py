@@ -58,7 +58,7 @@ class Stream:
 
     __slots__ = (
         "id", "recv_unacked", "recv_window", "send_window", "pending", "pending_bytes", "trailers", "remote_closed", "closed",
-        "headers_sent",
+        "headers_sent", "window_held",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
@@ -72,6 +72,7 @@ class Stream:
         self.remote_closed = False
         self.closed = False
         self.headers_sent = False
+        self.window_held = False  # the application takes no more of its body for now: no WINDOW_UPDATE
 
 
 class Http2Connection(DataInputMixin, OutputMixin, asyncio.BufferedProtocol):

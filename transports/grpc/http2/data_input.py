@@ -76,7 +76,7 @@ class DataInputMixin:
         was granted (more than a window in one read) is caught rather than granted more."""
         granting, self.granting = self.granting, []
         for s in granting:
-            if not s.closed and not s.remote_closed and s.recv_unacked:
+            if not s.closed and not s.remote_closed and s.recv_unacked and not s.window_held:
                 self.write(frame(WINDOW_UPDATE, 0, s.id, U32.pack(s.recv_unacked)))
                 s.recv_window += s.recv_unacked
                 s.recv_unacked = 0

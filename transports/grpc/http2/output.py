@@ -25,8 +25,9 @@ from kernel.transports.grpc.http2.frames import (
 LARGE_WRITE = 64 * 1024
 
 
-class StalledStream:
-    """A blocked stream as the server's account of held answers sees it (kernel.core.holding.Holder)."""
+class StreamHolder:
+    """A stream as an account of held bytes sees it (kernel.core.holding.Holder): a subclass says
+    what it holds (`held_bytes`); cutting it resets the stream (the connection's cut_stream)."""
 
     __slots__ = ("conn", "stream")
 
@@ -35,12 +36,21 @@ class StalledStream:
         self.stream = stream
 
     def held_bytes(self) -> int:
-        s = self.stream
-        return 0 if s.closed else s.pending_bytes
+        raise NotImplementedError
 
     def cut(self, reason: str) -> None:
         if not self.stream.closed:
             self.conn.cut_stream(self.stream, reason)
+
+
+class StalledStream(StreamHolder):
+    """A blocked stream as the server's account of held answers sees it: its DATA waiting for window."""
+
+    __slots__ = ()
+
+    def held_bytes(self) -> int:
+        s = self.stream
+        return 0 if s.closed else s.pending_bytes
 
 
 class OutputMixin:
