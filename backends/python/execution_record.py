@@ -17,7 +17,8 @@ class Batch(list):
     """The keys of one Execute message, with what its statistics need."""
 
     # Slots: one Batch per Execute message, its attributes set on the request path.
-    __slots__ = ("start", "input_end", "exec_start", "exec_end", "meta", "failed_early", "trace_key", "requests")
+    __slots__ = ("start", "input_end", "exec_start", "exec_end", "meta", "failed_early", "trace_key", "requests",
+                 "link", "parts")
 
     def __init__(self, start: int):
         self.start = start
@@ -28,6 +29,8 @@ class Batch(list):
         self.failed_early: list[int] = []  # arrival_ns of requests failed before execute
         self.trace_key = 0  # the Execute message's trace_key (echoed in its Execution record)
         self.requests: list = []
+        self.link = None  # the worker_links.Link it came on; None: the primary
+        self.parts = None  # merged (worker_merge.py): the Batches of the Executes it runs together
 
     def run(self, execute, requests):
         """On the model thread: execute, timed."""

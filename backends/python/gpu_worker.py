@@ -202,7 +202,7 @@ class _Returns:
             self._scheduled = False
         if tokens:
             try:
-                _worker.channel.send(messages.DeviceRelease(tokens))
+                _worker.send_device_release(tokens)  # (each to the front that lent it)
             except (ConnectionError, AttributeError):
                 pass
 

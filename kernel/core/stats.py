@@ -33,10 +33,10 @@ class ExecutionRecord:
     """
 
     __slots__ = ("batch_size", "start", "input_end", "output_start", "end", "inference_count",
-                 "ok_request_ns", "ok_queue_ns", "fail_ns")
+                 "ok_request_ns", "ok_queue_ns", "fail_ns", "merged_batch_size", "lead")
 
     def __init__(self, batch_size, start, input_end, output_start, end, inference_count, ok_request_ns,
-                 ok_queue_ns, fail_ns):
+                 ok_queue_ns, fail_ns, merged_batch_size=0, lead=True):
         self.batch_size = batch_size
         self.start = start
         self.input_end = input_end
@@ -46,6 +46,8 @@ class ExecutionRecord:
         self.ok_request_ns = ok_request_ns
         self.ok_queue_ns = ok_queue_ns
         self.fail_ns = fail_ns
+        self.merged_batch_size = merged_batch_size
+        self.lead = lead
 
 
 class ModelStats:
@@ -112,6 +114,11 @@ class ModelStats:
         ok_request_ns, ok_queue_ns (one entry per successful request) and
         fail_ns (one entry per failed request). A batch_size of 0 means the
         backend ran nothing (every request failed before execute).
+
+        merged_batch_size > 0: the record is one share of an execute() that ran several shares'
+        requests together (the Python backend merges Executes from several front processes): its
+        requests count here as always, the execution itself (execution_count, batch_stats at the
+        merged size) only for the share marked `lead`, so that totals over the fronts count it once.
         """
         ok = len(e.ok_request_ns)
         d_in = e.input_end - e.start
@@ -131,6 +138,13 @@ class ModelStats:
             self.fail_ns += sum(e.fail_ns)
             self.failures[BACKEND] += n
         bs = e.batch_size
+        if e.merged_batch_size:
+            if not e.lead:
+                if bs > 0:
+                    self.last_inference_ms = time.time_ns() // 1_000_000
+                bs = 0
+            else:
+                bs = e.merged_batch_size
         if bs > 0:
             self.execution_count += 1
             self.last_inference_ms = time.time_ns() // 1_000_000

@@ -12,6 +12,10 @@ different batches.
 Queue policies: max_queue_size (enqueue refused with "Exceeds maximum queue
 size"), per-request or default timeouts with REJECT ("Request timeout
 expired") or DELAY (moved behind the undelayed requests of their level).
+
+With several front processes each front batches its own requests (the Python
+backend's worker merges batches that wait for it, across fronts); max_queue_size
+holds server-wide once `others_queued` says what the other fronts hold queued.
 """
 
 from __future__ import annotations
@@ -107,6 +111,11 @@ class DynamicBatcher:
     #: payload slots, so queued requests keep growing the next batch)
     depth = 1
 
+    #: Set by whoever runs several front processes: others_queued(level) -> the requests of this
+    #: model version the other fronts hold queued at that priority level (0: no levels), so that
+    #: max_queue_size bounds the server's queue, not each front's. None: this process's queue only.
+    others_queued = None
+
     def __init__(self, model, instances: list) -> None:
         cfg = model.config
         db = cfg.dynamic_batching
@@ -158,7 +167,7 @@ class DynamicBatcher:
         else:
             level = priority
         pq = self._levels[level]
-        if pq.max_queue_size and len(pq) >= pq.max_queue_size:
+        if pq.max_queue_size and self._queued_at(level, pq) >= pq.max_queue_size:
             raise KernelError(ErrorCode.UNAVAILABLE, log_request(request) + "Exceeds maximum queue size")
         now = st.now_ns()
         deadline = 0
@@ -180,6 +189,16 @@ class DynamicBatcher:
 
     def pending_count(self) -> int:
         return self.queued
+
+    def queued_at(self, level: int) -> int:
+        """This front's queued requests at a priority level (0 when the model has no levels): what
+        another front's others_queued sums."""
+        pq = self._levels.get(level)
+        return len(pq) if pq is not None else 0
+
+    def _queued_at(self, level: int, pq: _PolicyQueue) -> int:
+        others = self.others_queued
+        return len(pq) if others is None else len(pq) + others(level)
 
     def close(self) -> None:
         """Fail whatever is still queued (the server is stopping)."""
