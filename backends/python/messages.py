@@ -51,6 +51,12 @@ class Request(msgspec.Struct, array_like=True, omit_defaults=True):
     # Outputs that may go back as GPU tensors (IPC handles): True for all, or their names. Any
     # other GPU output is copied to the host in the worker (kernel.core.device_memory).
     device_outputs: Union[bool, list[str]] = False
+    # A request relayed from a front to the supervisor's core (kernel/serve/fronts/relay.py), which
+    # serves every model: which one, and what its scheduler needs. Empty for a worker.
+    model_name: str = ""
+    model_version: str = ""
+    priority: int = 0
+    timeout_us: int = 0
 
 
 class Error(msgspec.Struct, array_like=True):

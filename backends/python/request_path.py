@@ -44,6 +44,7 @@ log = logging.getLogger("kernel.python")
 
 class RequestPath(BackendInstance):
     link_id = 0  # the primary; LinkedInstance: its link (1..254)
+    relay = False  # True for a front's relay to the supervisor (kernel/serve/fronts): requests carry their model
 
     def _init_path(self, source: ModelSource, name: str, kind: str, device_id: int, settings,
                    core: Optional[CoreHandle]) -> None:
@@ -205,6 +206,10 @@ class RequestPath(BackendInstance):
                         device_outputs=wire_form(request.device_outputs) if request.device_outputs else False,
                     )
                 )
+                if self.relay:  # to the supervisor's core: it must know the model and its scheduling asks
+                    addressed = batch[-1]
+                    addressed.model_name, addressed.model_version = request.model_name, request.model_version
+                    addressed.priority, addressed.timeout_us = request.priority, request.timeout_us
                 if request.trace is not None:
                     if traced is None:
                         traced = []
@@ -331,11 +336,14 @@ class RequestPath(BackendInstance):
                                else views.unpack(t, regions) if t.ipc is None else self._gpu.unpack(t) for t in r.outputs]
                 except ValueError as exc:
                     error = KernelError(ErrorCode.INTERNAL, f"the model's worker sent a bad tensor location: {exc}")
+            name = request.model_name if self.relay else source.name  # (a relay serves many models)
+            if self.relay:
+                version = request.model_version
             if error is not None:
-                response = InferResponse(source.name, version, request.id, error=error, final=r.final)
+                response = InferResponse(name, version, request.id, error=error, final=r.final)
             else:
                 params = msgspec.json.decode(r.parameters) if r.parameters else None
-                response = InferResponse(source.name, version, request.id, outputs, params, final=r.final)
+                response = InferResponse(name, version, request.id, outputs, params, final=r.final)
             try:
                 request.on_response(response)
             except Exception:  # a transport callback must never break the channel

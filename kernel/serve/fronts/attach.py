@@ -9,21 +9,31 @@ requests go, one at a time and at once, over this front's relay link to the supe
 
 from __future__ import annotations
 
-import asyncio
+import os
+import socket
+from pathlib import Path
+
+from kernel.backends.python.instance import WorkerFacts
+from kernel.core.backend import ModelSource
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest
+from kernel.protos.model_config_pb2 import ModelConfig
 
 
-async def attach_instances(backend, source, links) -> list:
-    """The front's instances for `source`'s workers; links: (InstanceLink, channel socket, fd socket)."""
-    instances = [backend.linked_instance(source, link.name, link.kind, link.device_id, chan, fd_sock, link.facts)
-                 for link, chan, fd_sock in links]
-    try:
-        await asyncio.gather(*(inst.start() for inst in instances))
-    except BaseException:
-        await asyncio.gather(*(inst.stop(0) for inst in instances), return_exceptions=True)
-        raise
-    return instances
+async def attach_instances(backend, source, link_id: int, links) -> list:
+    """The front's instances for `source`'s workers, connected; links: (InstanceLink, channel socket, fd socket)."""
+    return await backend.linked_instances(source, [(link_id, chan, fd_sock, link.facts) for link, chan, fd_sock in links])
+
+
+async def relay_instance(server, link_id: int, chan: socket.socket, fd_sock: socket.socket):
+    """This front's relay to the supervisor (relay.py): a linked instance whose requests carry their model."""
+    source = ModelSource(name="relay", version=0, model_dir=Path("."), version_dir=Path("."), repository=Path("."),
+                         config=ModelConfig(), config_json="{}")
+    facts = WorkerFacts("relay", "KIND_CPU", 0, os.getppid(), async_execute=True)
+    python = server.backends["python"]
+    (relay,) = await python.linked_instances(source, [(link_id, chan, fd_sock, facts)])
+    relay.relay = True
+    return relay
 
 
 class RelayScheduler:

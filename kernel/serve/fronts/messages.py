@@ -11,6 +11,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
+from kernel.backends.python.instance import WorkerFacts
 from kernel.core.shared_memory import RegionChange
 
 
@@ -98,7 +99,7 @@ class InstanceLink(msgspec.Struct, array_like=True, omit_defaults=True):
     kind: str
     device_id: int
     fd: int
-    facts: Any = None  # the backend's facts about the worker (backends/python: WorkerFacts)
+    facts: Optional[WorkerFacts] = None  # what the front must know of the worker
 
 
 class Version(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -30,8 +30,8 @@ log = logging.getLogger("kernel.fronts")
 
 class Mirror:
     def __init__(self, server, link_id: int, attach_instances: Callable, relay_scheduler: Callable):
-        """attach_instances(backend, source, links: list[(InstanceLink, channel_sock, fd_sock)]) -> instances
-        (started); relay_scheduler(model) -> the scheduler of a relayed version."""
+        """attach_instances(backend, source, link_id, links: list[(InstanceLink, channel_sock, fd_sock)]) ->
+        instances (started); relay_scheduler(model) -> the scheduler of a relayed version."""
         self.server = server
         self.link_id = link_id
         self._attach_instances = attach_instances
@@ -42,12 +42,14 @@ class Mirror:
 
     async def apply(self, msg: m.Publish, fds: list[int]) -> None:
         socks = [socket.socket(fileno=fd) for fd in fds]
+        taken: set[int] = set()  # indices of the sockets an instance owns from now on
         async with self._lock:  # publishes apply in the order they were sent
             try:
-                built = await asyncio.gather(*(self._build(v, socks) for v in msg.attach), return_exceptions=True)
+                built = await asyncio.gather(*(self._build(v, socks, taken) for v in msg.attach),
+                                             return_exceptions=True)
             finally:
-                for s in socks:
-                    if s.fileno() >= 0 and not getattr(s, "_taken", False):
+                for i, s in enumerate(socks):
+                    if i not in taken:
                         s.close()
             for v, model in zip(msg.attach, built):
                 if isinstance(model, BaseException):
@@ -76,7 +78,7 @@ class Mirror:
 
     # ---- building a version -----------------------------------------------------------------
 
-    async def _build(self, v: m.Version, socks: list[socket.socket]) -> Model:
+    async def _build(self, v: m.Version, socks: list[socket.socket], taken: set[int]) -> Model:
         config = ModelConfig.FromString(v.config)
         source = ModelSource(
             name=v.name, version=v.version, model_dir=Path(v.model_dir), version_dir=Path(v.version_dir),
@@ -89,13 +91,12 @@ class Mirror:
             model.scheduler = self._relay_scheduler(model)
         else:
             if v.instances:
-                backend = server.backends.get(config.backend)
+                backend = server.backends["python"]  # (worker links are the Python backend's, whatever the runtime)
                 links = []
                 for link in v.instances:
-                    chan, fdsock = socks[link.fd], socks[link.fd + 1]
-                    chan._taken = fdsock._taken = True  # owned by the instance from here on
-                    links.append((link, chan, fdsock))
-                model.instances = await self._attach_instances(backend, source, links)
+                    links.append((link, socks[link.fd], socks[link.fd + 1]))
+                    taken.update((link.fd, link.fd + 1))  # the instance's from here on
+                model.instances = await self._attach_instances(backend, source, self.link_id, links)
             model.stats.observer = server.metrics_config.observer_for(model)
             for inst in model.instances:
                 inst.stats = model.stats
