@@ -15,7 +15,7 @@ expired") or DELAY (moved behind the undelayed requests of their level).
 
 With several front processes each front batches its own requests (the Python
 backend's worker merges batches that wait for it, across fronts); max_queue_size
-holds server-wide once `others_queued` says what the other fronts hold queued.
+holds server-wide once `queue_board` says what the other fronts hold queued.
 """
 
 from __future__ import annotations
@@ -111,10 +111,12 @@ class DynamicBatcher:
     #: payload slots, so queued requests keep growing the next batch)
     depth = 1
 
-    #: Set by whoever runs several front processes: others_queued(level) -> the requests of this
-    #: model version the other fronts hold queued at that priority level (0: no levels), so that
-    #: max_queue_size bounds the server's queue, not each front's. None: this process's queue only.
-    others_queued = None
+    #: Set by whoever runs several front processes (kernel.serve.fronts.queues): a board the fronts
+    #: share, of what each holds queued at each priority level, so that max_queue_size bounds the
+    #: server's queue, not each front's. `publish(counts)` takes this front's counts (one per level,
+    #: in level order) after every change; `others(index)` sums the other fronts' at a level's
+    #: index, `others_total()` at every level. None: this process's queue only (nothing published).
+    queue_board = None
 
     def __init__(self, model, instances: list) -> None:
         cfg = model.config
@@ -181,6 +183,8 @@ class DynamicBatcher:
         sig = self.signature(request) if self.signature is not None else None
         pq.queue.append(_Entry(request, now, deadline, max(1, bs), sig))
         self.queued += 1
+        if self.queue_board is not None:
+            self._publish()
         if deadline:
             self._arm_timeout(deadline, now)
         if not self._scheduled:
@@ -190,15 +194,15 @@ class DynamicBatcher:
     def pending_count(self) -> int:
         return self.queued
 
-    def queued_at(self, level: int) -> int:
-        """This front's queued requests at a priority level (0 when the model has no levels): what
-        another front's others_queued sums."""
-        pq = self._levels.get(level)
-        return len(pq) if pq is not None else 0
-
     def _queued_at(self, level: int, pq: _PolicyQueue) -> int:
-        others = self.others_queued
-        return len(pq) if others is None else len(pq) + others(level)
+        board = self.queue_board
+        return len(pq) if board is None else len(pq) + board.others(self._order.index(pq))
+
+    def _publish(self) -> None:
+        """This front's queue lengths, for the other fronts' max_queue_size checks (queue_board)."""
+        board = self.queue_board
+        if board is not None:
+            board.publish([len(pq) for pq in self._order])
 
     def close(self) -> None:
         """Fail whatever is still queued (the server is stopping)."""
@@ -213,6 +217,7 @@ class DynamicBatcher:
                     e = dq.popleft()
                     self.queued -= 1
                     _respond_error(e.request, self.model, error)
+        self._publish()
 
     # ---- scheduling -------------------------------------------------------------
 
@@ -239,6 +244,13 @@ class DynamicBatcher:
         return best
 
     def _schedule(self, slack_ns: int) -> None:
+        try:
+            self._dispatch(slack_ns)
+        finally:
+            if self.queue_board is not None:
+                self._publish()
+
+    def _dispatch(self, slack_ns: int) -> None:
         while self.queued:
             inst = self._free_instance()
             if inst is None:
@@ -383,6 +395,8 @@ class DynamicBatcher:
             self._arm_timeout(nearest, now)
         if self.queued:
             self._schedule(0)
+        else:
+            self._publish()
 
     def _expire(self, pq: _PolicyQueue, e: _Entry) -> None:
         if pq.reject:

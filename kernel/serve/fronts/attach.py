@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Callable
 
 from kernel.backends.python.instance import WorkerFacts
-from kernel.core.backend import ModelSource
+from kernel.core.backend import BackendInstance, ModelSource
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest
 from kernel.protos.model_config_pb2 import ModelConfig
@@ -36,20 +37,47 @@ async def relay_instance(server, link_id: int, chan: socket.socket, fd_sock: soc
     return relay
 
 
+class RelayedInstance(BackendInstance):
+    """What a relayed version has here instead of instances: the front's relay, seen as one
+    instance that is healthy while the relay is. It counts nothing itself (the supervisor's core,
+    which runs the requests, counts them), so every request is the supervisor's to account for."""
+
+    def __init__(self, model, relay: Callable):
+        self.name = f"{model.name} (relayed)"
+        self._relay = relay
+
+    @property
+    def healthy(self) -> bool:
+        relay = self._relay()
+        return relay is not None and relay.healthy
+
+    @property
+    def in_flight(self) -> int:
+        return 0
+
+    def submit(self, requests: list[InferRequest]) -> None:
+        relay = self._relay()
+        if relay is None:
+            raise KernelError(ErrorCode.UNAVAILABLE, "the server is starting or stopping")
+        relay.submit(requests)
+
+    async def stop(self, timeout: float) -> None:
+        pass  # the relay is the front's, not this version's
+
+
 class RelayScheduler:
     """The scheduler of a relayed version in a front: hands each request to the supervisor at once."""
 
-    def __init__(self, model, relay):
+    def __init__(self, model, instance: RelayedInstance):
         self.model = model
-        self.relay = relay  # the front's relay instance (None until the supervisor gave it)
+        self.instance = instance
 
     def enqueue(self, request: InferRequest) -> None:
-        relay = self.relay()
-        if relay is None or not relay.healthy:
+        if not self.instance.healthy:
             raise KernelError(ErrorCode.UNAVAILABLE, f"model '{self.model.name}' cannot be reached: the server "
                                                      "is starting or stopping")
         request.model_version = self.model.version_str  # the version this front resolved
-        relay.submit([request])
+        self.instance.submit([request])
 
     def pending_count(self) -> int:
         return 0  # queued in the supervisor, which counts it
@@ -59,5 +87,10 @@ class RelayScheduler:
 
 
 def relay_scheduler(front):
-    """The factory the mirror uses for relayed versions (front.relay is set once the supervisor gives it)."""
-    return lambda model: RelayScheduler(model, lambda: front.relay)
+    """For the mirror: a relayed version's (instances, scheduler) over front.relay (set once the
+    supervisor has given it)."""
+    def make(model):
+        instance = RelayedInstance(model, lambda: front.relay)
+        return [instance], RelayScheduler(model, instance)
+
+    return make

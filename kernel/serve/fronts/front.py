@@ -54,6 +54,7 @@ class Front:
         self.mirror = None
         self.done: Optional[asyncio.Future] = None
         self.relay = None  # the link to the supervisor's relay (attach.relay_instance)
+        self.queues = None  # the queue board (queues.FrontQueues)
         self._stopping = False
 
     # ---- start-up --------------------------------------------------------------------------------
@@ -75,7 +76,8 @@ class Front:
         server = cli.build_server(args)
         server.control = ForwardedControl(self.channel)
         server.peers = FrontPeers(self.channel)
-        self.mirror = Mirror(server, self.index, attach.attach_instances, attach.relay_scheduler(self))
+        self.mirror = Mirror(server, self.index, attach.attach_instances, attach.relay_scheduler(self),
+                             lambda block: self.queues.board(block) if self.queues is not None else None)
         self.server = server
         return server
 
@@ -123,6 +125,11 @@ class Front:
 
             self.relay = await relay_instance(self.server, self.index, socket.socket(fileno=fds[0]),
                                               socket.socket(fileno=fds[1]))
+            return None
+        if kind is m.Queues:
+            from kernel.serve.fronts.queues import FrontQueues
+
+            self.queues = FrontQueues(fds[0], self.index, self.own.fronts)
             return None
         if kind is m.AllReady:
             self.server.peers.all_ready = msg.ready

@@ -24,6 +24,7 @@ from kernel.observe import log as server_log
 from kernel.serve.fronts import messages as m
 from kernel.serve.fronts.channel import socket_pairs
 from kernel.serve.fronts.peers import trace_update
+from kernel.serve.fronts.queues import QueueBoards, needs_board
 from kernel.serve.fronts.relay import RelayHost
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class Hub:
         self._regions: dict[str, m.Regions] = {}  # registered client regions, by name, to replay
         self._traces: list[m.TraceChange] = []  # every trace-setting change, in order, to replay
         self.relays: dict[int, RelayHost] = {}  # each front's relay (relay.py), by front index
+        self.queues = QueueBoards()  # what each front holds queued per model (queues.py)
         server.before_retire = self.retire
         server.control.after_change = self.publish
 
@@ -80,7 +82,7 @@ class Hub:
                 log.error("front %d did not take the model registry: %s", front.index, result)
         for key in [k for k, (uid, model) in self._uids.items() if model.state is ModelState.UNAVAILABLE
                     and not any(uid in f.attached for f in self.fronts.values())]:
-            del self._uids[key]
+            self.queues.release(self._uids.pop(key)[0])
 
     def _publish_to(self, front: "FrontHandle", retire_uids: set) -> asyncio.Future:
         """Send `front` the registry now; the future of its Reply."""
@@ -132,7 +134,7 @@ class Hub:
         return m.Version(
             uid, src.name, src.version, src.config.SerializeToString(), src.config_json, str(src.model_dir),
             str(src.version_dir), str(src.repository), model.platform, dict(src.backend_config), links, relayed,
-            model.stats.load_duration_s,
+            model.stats.load_duration_s, self.queues.block_for(uid) if not relayed and needs_board(model) else -1,
         )
 
     @staticmethod
@@ -183,6 +185,8 @@ class Hub:
         finally:
             chan_theirs.close()
             fd_theirs.close()
+        self.queues.clear_front(front.index)  # (a front that replaced one starts with nothing queued)
+        await front.channel.call(m.Queues(0), [self.queues.fd])
         s = self.server.log_settings
         await front.channel.call(m.LogChange(0, {"info": s.info, "warning": s.warning, "error": s.error,
                                                  "verbose": s.verbose, "format": s.format}))

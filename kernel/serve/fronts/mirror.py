@@ -29,13 +29,16 @@ log = logging.getLogger("kernel.fronts")
 
 
 class Mirror:
-    def __init__(self, server, link_id: int, attach_instances: Callable, relay_scheduler: Callable):
+    def __init__(self, server, link_id: int, attach_instances: Callable, relay_scheduler: Callable,
+                 queue_board: Callable):
         """attach_instances(backend, source, link_id, links: list[(InstanceLink, channel_sock, fd_sock)]) ->
-        instances (started); relay_scheduler(model) -> the scheduler of a relayed version."""
+        instances (started); relay_scheduler(model) -> a relayed version's (instances, scheduler);
+        queue_board(block) -> a DynamicBatcher's queue_board (queues.py)."""
         self.server = server
         self.link_id = link_id
         self._attach_instances = attach_instances
         self._relay_scheduler = relay_scheduler
+        self._queue_board = queue_board
         self.by_uid: dict[int, Model] = {}
         self.published: set[str] = set()  # the entry names of the last Publish
         self._lock = asyncio.Lock()
@@ -88,7 +91,7 @@ class Mirror:
         model = Model(source, config_pbtxt.config_to_dict(config), platform=v.platform)
         server = self.server
         if v.relayed:
-            model.scheduler = self._relay_scheduler(model)
+            model.instances, model.scheduler = self._relay_scheduler(model)
         else:
             if v.instances:
                 backend = server.backends["python"]  # (worker links are the Python backend's, whatever the runtime)
@@ -101,6 +104,8 @@ class Mirror:
             for inst in model.instances:
                 inst.stats = model.stats
             model.scheduler = make_scheduler(server, model)
+            if v.queue_block >= 0:
+                model.scheduler.queue_board = self._queue_board(v.queue_block)
             if config.response_cache.enable:
                 model.response_cache = server.response_cache
         model.stats.load_duration_s = v.load_duration_s

@@ -130,6 +130,7 @@ class FrontSupervisor:
         front.channel.close()
         if self.hub.fronts.get(front.index) is front:
             del self.hub.fronts[front.index]
+            self.hub.queues.clear_front(front.index)
         if not front.said_hello.done():
             front.said_hello.set_exception(RuntimeError(f"front process {front.index} exited with code {code} "
                                                         "before it could serve"))
