@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from kernel.backends.python import messages
 from kernel.backends.python.backend import PythonBackend
 from kernel.backends.python.board import LINK0
 from kernel.backends.python.instance import WorkerInstance, WorkerSettings
@@ -286,6 +287,22 @@ def test_a_link_closed_mid_request_leaves_nothing_in_the_worker(tmp_path):
                 data = np.arange(N, dtype=np.float32) * 3
                 response = await infer(inst, [fp32("IN", data)])
                 assert response.outputs[1].as_numpy().tobytes() == (data + 1).tobytes()
+
+    asyncio.run(main())
+
+
+def test_a_front_cannot_free_what_another_front_reads(tmp_path):
+    async def main():
+        async with trio(tmp_path) as (worker, one, two):
+            data = np.arange(N, dtype=np.float32)
+            copy = (await infer(two, [fp32("IN", data)])).outputs[1]  # in the worker's arena, held by link 2
+            seg = next(i for i, s in two._peer.segments.items() if inside(copy.raw, {i: s}))
+            one.channel.send(messages.Release([(seg, address(copy.raw) - two._peer.segments[seg].addr)]))
+            assert (await worker.worker_usage()).arena_bytes >= 4 * N  # ignored: link 1 was never given it
+            for k in range(3):  # the worker's arena at work: link 2's answer stays as it was
+                other = await infer(one, [fp32("IN", np.full(N, k, dtype=np.float32))])
+                assert other.outputs[1].as_numpy()[0] == k + 1
+            assert copy.as_numpy().tobytes() == (data + 1).tobytes()
 
     asyncio.run(main())
 
