@@ -10,11 +10,13 @@ went away left nothing behind.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,6 +27,7 @@ from kernel.backends.python.backend import PythonBackend
 from kernel.backends.python.board import LINK0
 from kernel.backends.python.instance import WorkerInstance, WorkerSettings
 from kernel.core.backend import ModelSource
+from kernel.core.device_memory import DeviceBuffer
 from kernel.core.errors import ErrorCode
 from kernel.core.request import InferRequest, InferTensor
 from kernel.core.scheduling.direct import DirectScheduler
@@ -303,6 +306,39 @@ def test_a_front_cannot_free_what_another_front_reads(tmp_path):
                 other = await infer(one, [fp32("IN", np.full(N, k, dtype=np.float32))])
                 assert other.outputs[1].as_numpy()[0] == k + 1
             assert copy.as_numpy().tobytes() == (data + 1).tobytes()
+
+    asyncio.run(main())
+
+
+def test_a_gpu_tensor_lent_over_a_link_goes_back_to_that_front(tmp_path, monkeypatch):
+    """With the CuPy stand-in (tests/gpu/fake_cupy) in the worker: each front's loan of a GPU input
+    comes back to that front (a link's loan keys are the same numbers as the primary's)."""
+    fake_dir = Path(__file__).resolve().parents[1] / "gpu" / "fake_cupy"
+    spec = importlib.util.spec_from_file_location("fake_cupy_links", fake_dir / "cupy" / "__init__.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)  # (this process allocates with it; it never imports `cupy`)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake_dir), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("KERNEL_GPU_IDS", "0")
+
+    def gpu_input(values):
+        host = np.ascontiguousarray(values, dtype=np.float32)
+        memory = fake.cuda.Memory(host.nbytes)
+        fake.cuda.runtime.memcpy(memory.ptr, host.ctypes.data, host.nbytes, 1)
+        handle = fake.cuda.runtime.ipcGetMemHandle(memory.ptr)
+        return memory, InferTensor("IN", "FP32", list(host.shape), device=DeviceBuffer(handle, 0, 0, host.nbytes, "test"))
+
+    async def main():
+        async with trio(tmp_path) as (worker, one, two):
+            kept = []
+            for inst, k in ((worker, 1), (one, 2), (two, 3)):
+                memory, tensor = gpu_input(np.full(8, k))
+                kept.append(memory)
+                response = await infer(inst, [tensor])
+                assert response.error is None, response.error
+                assert response.outputs[0].as_numpy().tolist() == [float(k)] * 8  # copied to the host there
+            # The model took them on the host (FORCE_CPU_ONLY_INPUT_TENSORS): every loan is back, each
+            # with its own front.
+            await settle(lambda: [inst._gpu.live for inst in (worker, one, two)] == [(0, 0)] * 3)
 
     asyncio.run(main())
 
