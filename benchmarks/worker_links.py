@@ -243,8 +243,12 @@ def _opcodes(fn, n: int) -> float:
 
 
 def ab(args) -> None:
-    site = tempfile.mkdtemp(prefix="worker_links_site_")
-    Path(site, "sitecustomize.py").write_text(SITECUSTOMIZE)
+    with tempfile.TemporaryDirectory(prefix="worker_links_site_") as site:
+        Path(site, "sitecustomize.py").write_text(SITECUSTOMIZE)
+        _ab(args, site)
+
+
+def _ab(args, site: str) -> None:
     if args.what == "round":
         keys = ("c1_p50_us", "c1_front_us", "c1_worker_us", "c16_rps", "c16_front_us", "c16_worker_us")
     else:
