@@ -73,10 +73,14 @@ class InlineChannel(MessageChannel):
                     return
         super().send(message)
 
-    def set_direct(self, direct: bool, writes: bool = True) -> None:
+    def set_direct(self, direct: bool) -> None:
+        with self.lock:
+            self.direct = self.direct_writes = direct
+
+    def set_direct_reads(self, direct: bool) -> None:
+        """Direct reads only (a worker's link: written by the loop's thread alone)."""
         with self.lock:
             self.direct = direct
-            self.direct_writes = direct and writes
 
     def close_direct(self) -> None:
         """Close the duplicate socket (a link that is gone; the transport closes the original)."""

@@ -60,9 +60,11 @@ class InlineWaits:
         if hold:
             self._inline_busy = True
             self.channel.set_direct(True)
-            self.links.hold(True)
+            if self.linked:
+                self.links.hold(True)
         else:
-            self.links.hold(False)
+            if self.linked:
+                self.links.hold(False)
             self.channel.set_direct(False)
             self._inline_busy = False
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from kernel.backends.python import gpu_worker, messages, wire
 from kernel.backends.python.bls import BlsClient
-from kernel.backends.python.execution_record import Batch, batch_size, execution_record
+from kernel.backends.python.execution_record import Batch, LinkedBatch, batch_size, execution_record
 from kernel.backends.python.inline_channel import InlineChannel
 from kernel.backends.python.inline_waits import InlineWaits
 from kernel.backends.python.metrics_client import MetricsClient
@@ -104,6 +104,7 @@ class Worker(InlineWaits, ExecuteResults):
         self._inline_busy = False
         self._loop_thread = 0
         self.links = WorkerLinks(self)  # other fronts' links (worker_links.py)
+        self.linked = False  # a link was ever added: the checks the primary alone never needs
         self.merger: Merger | None = None  # a dynamically batched synchronous model's (worker_merge.py)
 
     async def run(self) -> None:
@@ -167,7 +168,7 @@ class Worker(InlineWaits, ExecuteResults):
             self.loop.call_soon_threadsafe(self.on_message, msg)
             return
         if kind is messages.Execute:
-            if self.links.board is not None:
+            if self.linked:
                 self.links.board.received(0, len(msg.requests))
             self.execute(msg.requests, msg.trace_key)
         elif kind is messages.Cancel:
@@ -314,13 +315,13 @@ class Worker(InlineWaits, ExecuteResults):
     def execute(self, wire_requests: list[messages.Request], trace_key: int = 0, link=None) -> None:
         """Run an Execute from the primary front, or from the front of `link` (worker_links.py)."""
         requests = []
-        keys = Batch(time.monotonic_ns())
-        keys.trace_key = trace_key
         if link is None:
+            keys = Batch(time.monotonic_ns())
             peer, tag = self.peer, 0
         else:
+            keys = LinkedBatch(time.monotonic_ns(), link)
             peer, tag = link.peer, link.tag
-            keys.link = link
+        keys.trace_key = trace_key
         for r in wire_requests:
             requested = r.requested_outputs or None
             key = r.key | tag
@@ -361,7 +362,7 @@ class Worker(InlineWaits, ExecuteResults):
             return
         if self.async_execute:
             asyncio.ensure_future(self._execute_async(requests, keys))
-        elif self.merger is not None and self.links.by_serial:
+        elif self.merger is not None and self.linked and self.links.by_serial:
             self.merger.submit(keys, wire_requests[0])  # may run with other links' waiting Executes
         elif self._inline_busy:
             # Read while an inline execute pumps the channel: its sinks exist (cancellations
@@ -383,7 +384,10 @@ class Worker(InlineWaits, ExecuteResults):
         pump the channel themselves (see pumping_here). The running loop is
         unset so that model code may run its own asyncio loop, as on a thread.
         """
-        self.hold_channels(True)
+        self._inline_busy = True
+        self.channel.set_direct(True)
+        if self.linked:  # (other fronts' links: read too, see worker_links.py)
+            self.links.hold(True)
         asyncio.events._set_running_loop(None)
         try:
             result = keys.run(self.model.execute, requests)
@@ -392,7 +396,10 @@ class Worker(InlineWaits, ExecuteResults):
             result, exc = None, error
         finally:
             asyncio.events._set_running_loop(self.loop)
-            self.hold_channels(False)  # waits for a model thread's direct read or write to end
+            if self.linked:
+                self.links.hold(False)
+            self.channel.set_direct(False)  # waits for a model thread's direct read or write to end
+            self._inline_busy = False
         if exc is None and result is None:
             # Responses go through response senders, maybe from the model's own threads
             # after execute returned: keep the loop free for them from now on.
@@ -458,9 +465,11 @@ class Worker(InlineWaits, ExecuteResults):
 
     def _report_execution(self, batch: Batch, result, exc) -> None:
         """One Execution record per Execute message: the front's statistics and schedulers need it."""
-        links = self.links
-        if links.board is not None:
-            links.board.executed(1 if batch.parts is None else len(batch.parts))
+        if not self.linked:  # never a link (so never a merge): the primary's alone
+            self._executions.append(execution_record(batch, result, exc, self.decoupled))
+            self._schedule_flush()
+            return
+        self.links.board.executed(1 if batch.parts is None else len(batch.parts))
         if batch.parts is None:
             self._route_execution(batch, execution_record(batch, result, exc, self.decoupled))
         else:  # merged: a record per link's Execute (worker_merge.py)
@@ -516,7 +525,7 @@ class Worker(InlineWaits, ExecuteResults):
                 self.channel.send(messages.Release(releases))
         except ConnectionError:
             pass
-        if self.links.board is not None:
+        if self.linked:
             self.links.flush(out)
 
 

@@ -96,6 +96,7 @@ class WorkerLinks:
         self.by_id[link_id] = link
         if self.board is None:
             self._start_board()
+            worker.linked = True
         worker.arenas.add_link(link)
         sock = socket.socket(fileno=fds[0])
         try:  # the board first, now (the link's transport is made on the loop, maybe after a long execute)
@@ -113,7 +114,7 @@ class WorkerLinks:
                                      lambda exc: self._on_lost(link), sock.dup(),
                                      lambda frame, error: self.worker.on_undecodable(frame, error, link))
         if worker._inline_busy:
-            link.channel.set_direct(True, writes=False)
+            link.channel.set_direct_reads(True)
         asyncio.ensure_future(self._connect(link, sock))
 
     async def _connect(self, link: Link, sock: socket.socket) -> None:
@@ -173,10 +174,10 @@ class WorkerLinks:
         if link.exports:
             gpu_worker.free(list(link.exports))
             link.exports.clear()
-        if worker.merger is not None:
-            worker.merger.drop_link(link)
+        dropped = worker.merger.drop_link(link) if worker.merger is not None else 0
         if self.board is not None:
             self.board.forget(link.id)
+            self.board.executed(dropped)
         self._close(link)
         log.info("link %d of model instance '%s' closed; what it held is freed", link.id, worker.instance_name)
 
@@ -329,7 +330,7 @@ class WorkerLinks:
 
     def hold(self, on: bool) -> None:
         for link in self.by_serial.values():
-            link.channel.set_direct(on, writes=False)
+            link.channel.set_direct_reads(on)
 
     def poll(self) -> None:
         """Dispatch what every link's front sent already (a Cancel, say), without waiting."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 
 from kernel.backends.python import messages
-from kernel.backends.python.execution_record import Batch, execution_record
+from kernel.backends.python.execution_record import Batch, LinkedBatch, execution_record
 
 
 class Merger:
@@ -75,9 +75,11 @@ class Merger:
         if self.waiting:
             self._schedule()
 
-    def drop_link(self, link) -> None:
-        """A link is gone: its waiting Executes never run (their sinks are forgotten already)."""
+    def drop_link(self, link) -> int:
+        """A link is gone: its waiting Executes never run (their sinks are forgotten already). How many."""
+        before = len(self.waiting)
         self.waiting = deque(entry for entry in self.waiting if entry[0].link is not link)
+        return before - len(self.waiting)
 
     def _schedule(self) -> None:
         if not self._scheduled and not self.running:
@@ -112,8 +114,7 @@ class Merger:
 
 def merge(parts: list[Batch]) -> Batch:
     """One Batch running the requests of several Executes, in order; its parts keep their own records."""
-    merged = Batch(min(p.start for p in parts))
-    merged.parts = parts
+    merged = LinkedBatch(min(p.start for p in parts), None, parts)
     merged.input_end = max(p.input_end for p in parts)
     for p in parts:
         merged.extend(p)

@@ -10,20 +10,24 @@ went away left nothing behind.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from kernel.backends.python import messages
 from kernel.backends.python.backend import PythonBackend
 from kernel.backends.python.board import LINK0
 from kernel.backends.python.instance import WorkerInstance, WorkerSettings
 from kernel.core.backend import ModelSource
+from kernel.core.device_memory import DeviceBuffer
 from kernel.core.errors import ErrorCode
 from kernel.core.request import InferRequest, InferTensor
 from kernel.core.scheduling.direct import DirectScheduler
@@ -290,6 +294,55 @@ def test_a_link_closed_mid_request_leaves_nothing_in_the_worker(tmp_path):
     asyncio.run(main())
 
 
+def test_a_front_cannot_free_what_another_front_reads(tmp_path):
+    async def main():
+        async with trio(tmp_path) as (worker, one, two):
+            data = np.arange(N, dtype=np.float32)
+            copy = (await infer(two, [fp32("IN", data)])).outputs[1]  # in the worker's arena, held by link 2
+            seg = next(i for i, s in two._peer.segments.items() if inside(copy.raw, {i: s}))
+            one.channel.send(messages.Release([(seg, address(copy.raw) - two._peer.segments[seg].addr)]))
+            assert (await worker.worker_usage()).arena_bytes >= 4 * N  # ignored: link 1 was never given it
+            for k in range(3):  # the worker's arena at work: link 2's answer stays as it was
+                other = await infer(one, [fp32("IN", np.full(N, k, dtype=np.float32))])
+                assert other.outputs[1].as_numpy()[0] == k + 1
+            assert copy.as_numpy().tobytes() == (data + 1).tobytes()
+
+    asyncio.run(main())
+
+
+def test_a_gpu_tensor_lent_over_a_link_goes_back_to_that_front(tmp_path, monkeypatch):
+    """With the CuPy stand-in (tests/gpu/fake_cupy) in the worker: each front's loan of a GPU input
+    comes back to that front (a link's loan keys are the same numbers as the primary's)."""
+    fake_dir = Path(__file__).resolve().parents[1] / "gpu" / "fake_cupy"
+    spec = importlib.util.spec_from_file_location("fake_cupy_links", fake_dir / "cupy" / "__init__.py")
+    fake = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fake)  # (this process allocates with it; it never imports `cupy`)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake_dir), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("KERNEL_GPU_IDS", "0")
+
+    def gpu_input(values):
+        host = np.ascontiguousarray(values, dtype=np.float32)
+        memory = fake.cuda.Memory(host.nbytes)
+        fake.cuda.runtime.memcpy(memory.ptr, host.ctypes.data, host.nbytes, 1)
+        handle = fake.cuda.runtime.ipcGetMemHandle(memory.ptr)
+        return memory, InferTensor("IN", "FP32", list(host.shape), device=DeviceBuffer(handle, 0, 0, host.nbytes, "test"))
+
+    async def main():
+        async with trio(tmp_path) as (worker, one, two):
+            kept = []
+            for inst, k in ((worker, 1), (one, 2), (two, 3)):
+                memory, tensor = gpu_input(np.full(8, k))
+                kept.append(memory)
+                response = await infer(inst, [tensor])
+                assert response.error is None, response.error
+                assert response.outputs[0].as_numpy().tolist() == [float(k)] * 8  # copied to the host there
+            # The model took them on the host (FORCE_CPU_ONLY_INPUT_TENSORS): every loan is back, each
+            # with its own front.
+            await settle(lambda: [inst._gpu.live for inst in (worker, one, two)] == [(0, 0)] * 3)
+
+    asyncio.run(main())
+
+
 def test_worker_killed_fails_every_link_then_links_serve_the_restarted_worker(tmp_path):
     async def main():
         async with trio(tmp_path) as (worker, one, two):
@@ -381,6 +434,41 @@ def test_shared_instances_get_the_least_loaded_at_once_never_a_queue():
         b.healthy = False
         scheduler.enqueue(InferRequest("m", "", "r", []))
         assert (len(a.got), len(c.got)) == (0, 2)
+
+    asyncio.run(main())
+
+
+def test_max_queue_size_counts_what_other_fronts_queued_once_told():
+    from kernel.config import pbtxt as model_config
+    from kernel.core.errors import KernelError
+    from kernel.core.model import Model
+    from kernel.core.scheduling.dynamic import DynamicBatcher
+
+    text = ('name: "m" backend: "python" max_batch_size: 8 input [ { name: "X", data_type: TYPE_FP32, dims: [ 2 ] } ] '
+            'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 2 ] } ] '
+            'dynamic_batching { default_queue_policy { max_queue_size: 3 } }')
+    cfg = model_config.parse_config_text(text, "config.pbtxt")
+    model_config.normalize_config(cfg, cfg.name)
+    model = Model(ModelSource("m", 1, None, None, None, cfg, model_config.config_to_json(cfg)),
+                  model_config.config_to_dict(cfg), "python")
+    busy = Shared(0)  # executing: everything queues
+
+    def enqueue(batcher):
+        r = InferRequest("m", inputs=[InferTensor("X", "FP32", (1, 2), raw=bytes(8))])
+        r.on_response = lambda response: None
+        batcher.enqueue(r)
+
+    async def main():
+        alone = DynamicBatcher(model, [busy])
+        for _ in range(3):
+            enqueue(alone)
+        assert alone.queued_at(0) == 3
+        shared = DynamicBatcher(model, [busy])
+        shared.others_queued = lambda level: alone.queued_at(level)  # what the lead's fronts report
+        with pytest.raises(KernelError, match="Exceeds maximum queue size"):
+            enqueue(shared)
+        alone.close()
+        shared.close()
 
     asyncio.run(main())
 
