@@ -485,6 +485,12 @@ async def _serve(args, stop: asyncio.Event) -> int:
     from kernel.serve.fronts import count
 
     fronts = count.resolve(args.front_processes) if getattr(args, "argv", None) is not None else 1
+    single = count.single_front_reason(args) if fronts > 1 else ""
+    if single:  # one front (auto), or refused (a count)
+        if args.front_processes != "auto":
+            log.error("error: creating server: --front-processes %d: %s", fronts, single)
+            return 1
+        fronts = 1
     if fronts > 1:
         from kernel.serve.fronts.launch import serve_with_fronts
 

@@ -438,41 +438,6 @@ def test_shared_instances_get_the_least_loaded_at_once_never_a_queue():
     asyncio.run(main())
 
 
-def test_max_queue_size_counts_what_other_fronts_queued_once_told():
-    from kernel.config import pbtxt as model_config
-    from kernel.core.errors import KernelError
-    from kernel.core.model import Model
-    from kernel.core.scheduling.dynamic import DynamicBatcher
-
-    text = ('name: "m" backend: "python" max_batch_size: 8 input [ { name: "X", data_type: TYPE_FP32, dims: [ 2 ] } ] '
-            'output [ { name: "Y", data_type: TYPE_FP32, dims: [ 2 ] } ] '
-            'dynamic_batching { default_queue_policy { max_queue_size: 3 } }')
-    cfg = model_config.parse_config_text(text, "config.pbtxt")
-    model_config.normalize_config(cfg, cfg.name)
-    model = Model(ModelSource("m", 1, None, None, None, cfg, model_config.config_to_json(cfg)),
-                  model_config.config_to_dict(cfg), "python")
-    busy = Shared(0)  # executing: everything queues
-
-    def enqueue(batcher):
-        r = InferRequest("m", inputs=[InferTensor("X", "FP32", (1, 2), raw=bytes(8))])
-        r.on_response = lambda response: None
-        batcher.enqueue(r)
-
-    async def main():
-        alone = DynamicBatcher(model, [busy])
-        for _ in range(3):
-            enqueue(alone)
-        assert alone.queued_at(0) == 3
-        shared = DynamicBatcher(model, [busy])
-        shared.others_queued = lambda level: alone.queued_at(level)  # what the lead's fronts report
-        with pytest.raises(KernelError, match="Exceeds maximum queue size"):
-            enqueue(shared)
-        alone.close()
-        shared.close()
-
-    asyncio.run(main())
-
-
 def test_waiting_executes_from_two_links_run_as_one_batch(tmp_path):
     config = {"max_batch_size": 8, "dynamic_batching": {},
               "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}]}

@@ -52,8 +52,9 @@ def in_flight_count(model) -> int:
 
 def in_flight_everywhere(model) -> int:
     """in_flight_count over the whole server, for admission limits: with several front processes an
-    instance's `load` counts what every front gave it, and a dynamic batcher's queue board what
-    every front holds queued; in a single process, in_flight_count itself."""
+    instance's `load` counts what every front gave it (a dynamic batcher's own queue is this
+    front's; a queue with a policy is one queue, in the supervisor); in a single process,
+    in_flight_count itself."""
     instances = model.instances
     if not instances or not getattr(instances[0], "shared", False):
         return in_flight_count(model)
@@ -61,10 +62,6 @@ def in_flight_everywhere(model) -> int:
     for instance in instances:
         handed += instance.load
     scheduler = model.scheduler
-    if isinstance(scheduler, DirectScheduler):
+    if scheduler is None or isinstance(scheduler, DirectScheduler):
         return handed
-    queued = scheduler.pending_count()
-    board = getattr(scheduler, "queue_board", None)
-    if board is not None:
-        queued += board.others_total()
-    return handed + queued
+    return handed + scheduler.pending_count()

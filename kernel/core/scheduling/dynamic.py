@@ -12,10 +12,6 @@ different batches.
 Queue policies: max_queue_size (enqueue refused with "Exceeds maximum queue
 size"), per-request or default timeouts with REJECT ("Request timeout
 expired") or DELAY (moved behind the undelayed requests of their level).
-
-With several front processes each front batches its own requests (the Python
-backend's worker merges batches that wait for it, across fronts); max_queue_size
-holds server-wide once `queue_board` says what the other fronts hold queued.
 """
 
 from __future__ import annotations
@@ -111,13 +107,6 @@ class DynamicBatcher:
     #: payload slots, so queued requests keep growing the next batch)
     depth = 1
 
-    #: Set by whoever runs several front processes (kernel.serve.fronts.queues): a board the fronts
-    #: share, of what each holds queued at each priority level, so that max_queue_size bounds the
-    #: server's queue, not each front's. `publish(counts)` takes this front's counts (one per level,
-    #: in level order) after every change; `others(index)` sums the other fronts' at a level's
-    #: index, `others_total()` at every level. None: this process's queue only (nothing published).
-    queue_board = None
-
     def __init__(self, model, instances: list) -> None:
         cfg = model.config
         db = cfg.dynamic_batching
@@ -169,7 +158,7 @@ class DynamicBatcher:
         else:
             level = priority
         pq = self._levels[level]
-        if pq.max_queue_size and self._queued_at(level, pq) >= pq.max_queue_size:
+        if pq.max_queue_size and len(pq) >= pq.max_queue_size:
             raise KernelError(ErrorCode.UNAVAILABLE, log_request(request) + "Exceeds maximum queue size")
         now = st.now_ns()
         deadline = 0
@@ -183,8 +172,6 @@ class DynamicBatcher:
         sig = self.signature(request) if self.signature is not None else None
         pq.queue.append(_Entry(request, now, deadline, max(1, bs), sig))
         self.queued += 1
-        if self.queue_board is not None:
-            self._publish()
         if deadline:
             self._arm_timeout(deadline, now)
         if not self._scheduled:
@@ -193,16 +180,6 @@ class DynamicBatcher:
 
     def pending_count(self) -> int:
         return self.queued
-
-    def _queued_at(self, level: int, pq: _PolicyQueue) -> int:
-        board = self.queue_board
-        return len(pq) if board is None else len(pq) + board.others(self._order.index(pq))
-
-    def _publish(self) -> None:
-        """This front's queue lengths, for the other fronts' max_queue_size checks (queue_board)."""
-        board = self.queue_board
-        if board is not None:
-            board.publish([len(pq) for pq in self._order])
 
     def close(self) -> None:
         """Fail whatever is still queued (the server is stopping)."""
@@ -217,7 +194,6 @@ class DynamicBatcher:
                     e = dq.popleft()
                     self.queued -= 1
                     _respond_error(e.request, self.model, error)
-        self._publish()
 
     # ---- scheduling -------------------------------------------------------------
 
@@ -244,13 +220,6 @@ class DynamicBatcher:
         return best
 
     def _schedule(self, slack_ns: int) -> None:
-        try:
-            self._dispatch(slack_ns)
-        finally:
-            if self.queue_board is not None:
-                self._publish()
-
-    def _dispatch(self, slack_ns: int) -> None:
         while self.queued:
             inst = self._free_instance()
             if inst is None:
@@ -395,8 +364,6 @@ class DynamicBatcher:
             self._arm_timeout(nearest, now)
         if self.queued:
             self._schedule(0)
-        else:
-            self._publish()
 
     def _expire(self, pq: _PolicyQueue, e: _Entry) -> None:
         if pq.reject:

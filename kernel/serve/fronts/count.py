@@ -56,3 +56,14 @@ def auto_count(cpus: float) -> int:
 def resolve(value) -> int:
     """The number of fronts for the flag's value ('auto' or an int)."""
     return auto_count(usable_cpus()) if value == "auto" else int(value)
+
+
+def single_front_reason(args) -> str:
+    """Why these flags need a single front ('' when several can serve them)."""
+    if args.allow_http and args.http_server == "hypercorn":
+        return "needs --http-server uvicorn (hypercorn binds its port for one process only)"
+    if args.allow_sagemaker and os.environ.get("SAGEMAKER_MULTI_MODEL", "").strip().lower() == "true":
+        # The multi-model endpoint keeps which models it loaded, under which names and urls, in its
+        # transport; with several fronts each would know only its own loads.
+        return "a SageMaker multi-model endpoint (SAGEMAKER_MULTI_MODEL=true) is served by one front process"
+    return ""

@@ -54,7 +54,6 @@ class Front:
         self.mirror = None
         self.done: Optional[asyncio.Future] = None
         self.relay = None  # the link to the supervisor's relay (attach.relay_instance)
-        self.queues = None  # the queue board (queues.FrontQueues)
         self._stopping = False
 
     # ---- start-up --------------------------------------------------------------------------------
@@ -76,8 +75,7 @@ class Front:
         server = cli.build_server(args)
         server.control = ForwardedControl(self.channel)
         server.peers = FrontPeers(self.channel)
-        self.mirror = Mirror(server, self.index, attach.attach_instances, attach.relay_scheduler(self),
-                             lambda block: self.queues.board(block) if self.queues is not None else None)
+        self.mirror = Mirror(server, self.index, attach.attach_instances, attach.relay_scheduler(self))
         self.server = server
         return server
 
@@ -110,9 +108,7 @@ class Front:
         if kind is m.Publish:
             await self.mirror.apply(msg, fds)
             if msg.loaded and not self.server.loaded:
-                await self.server.start()
-                await self.server.start_transports()
-                gc.freeze()  # as `kernel serve` does once started (kernel.serve.startup)
+                await self._start_serving()
             return None
         if kind is m.Relink:
             found = self.mirror.relink(msg, fds)
@@ -125,11 +121,6 @@ class Front:
 
             self.relay = await relay_instance(self.server, self.index, socket.socket(fileno=fds[0]),
                                               socket.socket(fileno=fds[1]))
-            return None
-        if kind is m.Queues:
-            from kernel.serve.fronts.queues import FrontQueues
-
-            self.queues = FrontQueues(fds[0], self.index, self.own.fronts)
             return None
         if kind is m.AllReady:
             self.server.peers.all_ready = msg.ready
@@ -153,6 +144,23 @@ class Front:
             asyncio.ensure_future(self._stop(0))
             return None
         raise ValueError(f"unexpected message {kind.__name__}")
+
+    async def _start_serving(self) -> None:
+        """Start-up loading is over: the transports that waited for the models start (SageMaker,
+        Vertex AI); what stops one is told to the supervisor in the words `kernel serve` logs."""
+        from kernel.core.errors import ErrorCode, KernelError
+        from kernel.core.server import StartupError
+        from kernel.core.transport import TransportStartError
+        from kernel.serve.startup import service_failure
+
+        try:
+            await self.server.start()
+            await self.server.start_transports()
+        except TransportStartError as exc:
+            raise KernelError(ErrorCode.INTERNAL, service_failure(exc)) from None
+        except (StartupError, OSError) as exc:
+            raise KernelError(ErrorCode.INTERNAL, str(exc)) from None
+        gc.freeze()  # as `kernel serve` does once started (kernel.serve.startup)
 
     def _collect(self, msg):
         from kernel.core.errors import KernelError

@@ -24,7 +24,6 @@ from kernel.observe import log as server_log
 from kernel.serve.fronts import messages as m
 from kernel.serve.fronts.channel import socket_pairs
 from kernel.serve.fronts.peers import trace_update
-from kernel.serve.fronts.queues import QueueBoards, needs_board
 from kernel.serve.fronts.relay import RelayHost
 
 if TYPE_CHECKING:
@@ -43,7 +42,6 @@ class Hub:
         self._regions: dict[str, m.Regions] = {}  # registered client regions, by name, to replay
         self._traces: list[m.TraceChange] = []  # every trace-setting change, in order, to replay
         self.relays: dict[int, RelayHost] = {}  # each front's relay (relay.py), by front index
-        self.queues = QueueBoards()  # what each front holds queued per model (queues.py)
         server.before_retire = self.retire
         server.control.after_change = self.publish
 
@@ -58,9 +56,9 @@ class Hub:
             known = self._uids[id(model)] = (next(self._next_uid), model)
         return known[0]
 
-    async def publish(self, retire: tuple = (), fronts: Optional[list] = None) -> None:
+    async def publish(self, retire: tuple = (), fronts: Optional[list] = None) -> list[BaseException]:
         """Send every front (or `fronts`) the registry as it is now and wait until each has it
-        (for versions in `retire`: until each has drained them).
+        (for versions in `retire`: until each has drained them); the fronts' failures.
 
         What a Publish says is decided and sent in order (one at a time, so a front applies them
         in the order they were decided); the waits for the Replies overlap: a front draining one
@@ -77,12 +75,16 @@ class Hub:
                     failed.set_exception(exc)
                     sent.append(failed)
         results = await asyncio.gather(*sent, return_exceptions=True)
+        failures = []
         for front, result in zip(targets, results):
             if isinstance(result, BaseException) and not isinstance(result, ConnectionError):
-                log.error("front %d did not take the model registry: %s", front.index, result)
+                failures.append(result)
+                if not self.loaded or not isinstance(result, KernelError):
+                    log.error("front %d did not take the model registry: %s", front.index, result)
         for key in [k for k, (uid, model) in self._uids.items() if model.state is ModelState.UNAVAILABLE
                     and not any(uid in f.attached for f in self.fronts.values())]:
-            self.queues.release(self._uids.pop(key)[0])
+            del self._uids[key]
+        return failures
 
     def _publish_to(self, front: "FrontHandle", retire_uids: set) -> asyncio.Future:
         """Send `front` the registry now; the future of its Reply."""
@@ -134,16 +136,22 @@ class Hub:
         return m.Version(
             uid, src.name, src.version, src.config.SerializeToString(), src.config_json, str(src.model_dir),
             str(src.version_dir), str(src.repository), model.platform, dict(src.backend_config), links, relayed,
-            model.stats.load_duration_s, self.queues.block_for(uid) if not relayed and needs_board(model) else -1,
+            model.stats.load_duration_s,
         )
 
     @staticmethod
     def relayed(model: Model) -> bool:
-        """Served through the supervisor: state that needs one owner (a sequence's slot and its
-        requests' order), or instances that are not worker processes (callables, remote models)."""
+        """Served through the supervisor: state that needs one owner, or instances that are not
+        worker processes (callables, remote models). One owner: a sequence's slot and the order of
+        its requests; a queue policy (a bound on the queue, timeouts, priority levels), which is a
+        property of one queue. A dynamic batcher without one is run by every front, the worker
+        merging the batches that wait for it."""
         if model.is_ensemble:
             return False
-        if model.config.WhichOneof("scheduling_choice") == "sequence_batching":
+        choice = model.config.WhichOneof("scheduling_choice")
+        if choice == "sequence_batching":
+            return True
+        if choice == "dynamic_batching" and has_queue_policy(model.config.dynamic_batching):
             return True
         return not model.instances or not all(hasattr(inst, "open_link") for inst in model.instances)
 
@@ -185,8 +193,6 @@ class Hub:
         finally:
             chan_theirs.close()
             fd_theirs.close()
-        self.queues.clear_front(front.index)  # (a front that replaced one starts with nothing queued)
-        await front.channel.call(m.Queues(0), [self.queues.fd])
         s = self.server.log_settings
         await front.channel.call(m.LogChange(0, {"info": s.info, "warning": s.warning, "error": s.error,
                                                  "verbose": s.verbose, "format": s.format}))
@@ -295,3 +301,10 @@ class Hub:
 
 def _fields(message) -> dict:
     return {f: getattr(message, f) for f in message.__struct_fields__}
+
+
+def has_queue_policy(db) -> bool:
+    """A dynamic batcher whose queue has rules of its own: priority levels, a size bound, timeouts."""
+    policies = [db.default_queue_policy, *db.priority_queue_policy.values()]
+    return bool(db.priority_levels) or any(
+        p.max_queue_size or p.default_timeout_microseconds or p.allow_timeout_override for p in policies)

@@ -118,7 +118,6 @@ class Version(msgspec.Struct, array_like=True, omit_defaults=True):
     instances: list[InstanceLink] = []
     relayed: bool = False  # served through the supervisor (relay.py): no instances here
     load_duration_s: float = 0.0
-    queue_block: int = -1  # its block of the queue board (queues.py); -1: none
 
 
 class Entry(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -159,13 +158,6 @@ class RelayLink(msgspec.Struct, tag="relay_link", array_like=True):
     fds: int = 2
 
 
-class Queues(msgspec.Struct, tag="queues", array_like=True):
-    """The queue board (queues.py): its memfd is fd 0."""
-
-    key: int
-    fds: int = 1
-
-
 class AllReady(msgspec.Struct, tag="all_ready", array_like=True):
     """Whether every front is ready (a front is ready only while the whole server is)."""
 
@@ -190,4 +182,4 @@ class Stop(msgspec.Struct, tag="stop", array_like=True):
 
 
 ToSupervisor = Union[Reply, Hello, Control, Statistics, MetricsText, Regions, LogChange, TraceChange]
-ToFront = Union[Reply, Publish, Relink, RelayLink, Queues, AllReady, Collect, Stop, Regions, LogChange, TraceChange]
+ToFront = Union[Reply, Publish, Relink, RelayLink, AllReady, Collect, Stop, Regions, LogChange, TraceChange]

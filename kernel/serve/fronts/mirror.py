@@ -29,16 +29,13 @@ log = logging.getLogger("kernel.fronts")
 
 
 class Mirror:
-    def __init__(self, server, link_id: int, attach_instances: Callable, relay_scheduler: Callable,
-                 queue_board: Callable):
+    def __init__(self, server, link_id: int, attach_instances: Callable, relay_scheduler: Callable):
         """attach_instances(backend, source, link_id, links: list[(InstanceLink, channel_sock, fd_sock)]) ->
-        instances (started); relay_scheduler(model) -> a relayed version's (instances, scheduler);
-        queue_board(block) -> a DynamicBatcher's queue_board (queues.py)."""
+        instances (started); relay_scheduler(model) -> a relayed version's (instances, scheduler)."""
         self.server = server
         self.link_id = link_id
         self._attach_instances = attach_instances
         self._relay_scheduler = relay_scheduler
-        self._queue_board = queue_board
         self.by_uid: dict[int, Model] = {}
         self.published: set[str] = set()  # the entry names of the last Publish
         self._lock = asyncio.Lock()
@@ -104,8 +101,6 @@ class Mirror:
             for inst in model.instances:
                 inst.stats = model.stats
             model.scheduler = make_scheduler(server, model)
-            if v.queue_block >= 0:
-                model.scheduler.queue_board = self._queue_board(v.queue_block)
             if config.response_cache.enable:
                 model.response_cache = server.response_cache
         model.stats.load_duration_s = v.load_duration_s

@@ -77,8 +77,12 @@ class FrontSupervisor:
 
     async def serve(self) -> None:
         """Start-up loading is over: every front serves every transport; then the server is ready."""
+        from kernel.core.server import StartupError
+
         self.hub.loaded = True
-        await self.hub.publish()
+        failures = await self.hub.publish()
+        if failures:  # a front could not start what waited for the models: start-up fails, in its words
+            raise StartupError(getattr(failures[0], "message", str(failures[0])))
         for t in self.client_transports:
             address = f"{t.address}:{t.port}"
             log.info("Started %s at %s", t.service_name, address, extra={"service": t.service_name, "address": address})
@@ -130,7 +134,6 @@ class FrontSupervisor:
         front.channel.close()
         if self.hub.fronts.get(front.index) is front:
             del self.hub.fronts[front.index]
-            self.hub.queues.clear_front(front.index)
         if not front.said_hello.done():
             front.said_hello.set_exception(RuntimeError(f"front process {front.index} exited with code {code} "
                                                         "before it could serve"))
