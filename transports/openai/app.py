@@ -37,6 +37,7 @@ from kernel.transports.openai.errors import (
     SERVER_ERROR, ApiError, bad_request, error_body, from_kernel, model_not_found, send_error, too_many_requests,
 )
 from kernel.transports.openai.generation import Generation
+from kernel.transports.openai.template_pool import TemplatePool
 from kernel.transports.restrictions import Category, Restrictions
 
 log = logging.getLogger("kernel.openai")
@@ -72,6 +73,8 @@ class OpenAIApp:
         self.active = 0
         self.streams: set[Generation] = set()
         self._limits: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        # Chat templates render in processes of their own, started on the first template (template_pool.py).
+        self.templates = TemplatePool(max_input_size)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -197,30 +200,9 @@ class OpenAIApp:
         body = await self._body(scope, receive)
         if body is None:
             return
-        size = len(body)
-        kind = schema.ChatRequest if chat else schema.CompletionRequest
-        request, doc = await self.off_loop(size, schema.decode, body, kind)
-        if chat:
-            schema.check_chat(request)
-        else:
-            prompts = schema.check_completion(request)
-        model = self.resolve(request.model)
-        tm = text_model(model)
-        n = request.n or 1
-        if chat:
-            template = await chat_template.template_for(model)
-            messages = chat_template.messages_for_template(request.messages)
-            prompts = [await self.off_loop(size, template.render, messages)]
-        schema.choices_limit(len(prompts), n)
-        self.admit(model, len(prompts) * n)
-        stream = bool(request.stream)
-        options = request.stream_options
-        generation = Generation(self.server, request.model, tm, chat, prompts, n, schema.max_tokens(request),
-                                stream and options is not None and options.include_usage,
-                                bool(getattr(request, "echo", False)))
-        generation.transport = scope.get("kernel.transport")
-        sampling = schema.sampling_parameters(doc, request)
-        generation.submit(stream, sampling, seeded=request.seed is not None and n > 1)
+        generation = await self._submitted(chat, body, scope)
+        del body  # the choices share what they need of it (Generation.prepare)
+        stream = generation.stream
         watcher = asyncio.ensure_future(_watch_disconnect(receive, generation))
         self.streams.add(generation)
         try:
@@ -240,6 +222,39 @@ class OpenAIApp:
             self.streams.discard(generation)
             if not generation.finished:
                 generation.cancel()
+
+    async def _submitted(self, chat: bool, body: bytes, scope) -> Generation:
+        """The call's choices, submitted; ApiError when the request or the model refuses."""
+        size = len(body)
+        kind = schema.ChatRequest if chat else schema.CompletionRequest
+        request, fields = await self.off_loop(size, schema.decode, body, kind)
+        if chat:
+            schema.check_chat(request)
+        else:
+            prompts = schema.check_completion(request)
+        model = self.resolve(request.model)
+        tm = text_model(model)
+        n = request.n or 1
+        if chat:
+            template = await chat_template.template_for(model)
+            messages = chat_template.messages_for_template(request.messages)
+            if template.text is None:
+                prompts = [await self.off_loop(size, chat_template.plain_prompt, messages)]
+            else:
+                prompts = [await self.templates.render(template, messages, size)]
+            del messages
+        schema.choices_limit(len(prompts), n)
+        self.admit(model, len(prompts) * n)
+        stream = bool(request.stream)
+        options = request.stream_options
+        generation = Generation(self.server, request.model, tm, chat, prompts, n, schema.max_tokens(request),
+                                stream and options is not None and options.include_usage,
+                                bool(getattr(request, "echo", False)))
+        generation.transport = scope.get("kernel.transport")
+        await self.off_loop(size, generation.prepare, schema.sampling_parameters(fields, request), request.seed,
+                            self.max_input_size)
+        await generation.submit(stream)
+        return generation
 
     def cut_all(self, reason: str) -> None:
         """Cut every stream still open (the exit timeout is spent)."""

@@ -33,9 +33,12 @@ from kernel.core.errors import KernelError
 from kernel.core.request import InferResponse
 from kernel.transports.asgi import start_stream
 from kernel.transports.openai.convention import ChoiceText, TextModel, finish_reason
+from kernel.transports.openai.schema import offset_seed
 from kernel.transports.reset import reset
 from kernel.transports.openai.errors import SERVER_ERROR, ApiError, error_body, from_kernel, send_error
 
+# A choice whose inputs take more than this is submitted in a loop turn of its own (see submit).
+YIELD_BYTES = 64 * 1024
 MAX_PENDING_BYTES = 1 << 20  # encoded events one stream may hold for a client that reads too slowly
 _WATCH_BYTES = 64 * 1024  # pending bytes past which a stream joins the held-bytes account before any write
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -67,6 +70,9 @@ class Generation:
         self.texts: list[list[str]] = [[] for _ in range(count)]  # non-streaming: the text of each choice
         self.announced = [False] * count  # streaming: the choice's first chunk went out (chat: with its role)
         self.requests: list = []
+        self._inputs: list = []  # prepare(): each prompt's text_input bytes
+        self._sampling: list = []  # prepare(): the sampling input (one shared; n with a seed and n > 1)
+        self._sampling_size = 0
         self.stream = False
         self.remaining = count
         self.committed = False  # a response with data came: the status is 200
@@ -89,18 +95,50 @@ class Generation:
 
     # ---- submitting ----------------------------------------------------------------------------
 
-    def submit(self, stream: bool, sampling: dict, seeded: bool) -> None:
-        """Submit every choice; ApiError when the core refuses one (the others are cancelled)."""
+    def prepare(self, sampling: dict, seed: Optional[int], copy_limit: int) -> None:
+        """Make what the choices share: each prompt's text_input bytes and the sampling fields, once
+        (a large body's calls run this off the event loop). With a seed and n > 1 each choice has
+        a seed of its own, so its own copy of the sampling fields: those copies together may take
+        at most `copy_limit` bytes (the largest body the server takes), else 400 naming it."""
+        tm = self.text_model
+        self._inputs = [tm.prompt_input(p) for p in self.prompts]
+        if not self.echo_here:
+            self.prompts = []  # kept only to be echoed
+        shared = tm.sampling_input(sampling)
+        self._sampling = [shared]
+        # What a choice's sampling fields take: the tensor's bytes, or about as much as parameters.
+        size = self._sampling_size = len(shared) if isinstance(shared, bytes) else sum(
+            len(v) for v in sampling.values() if isinstance(v, msgspec.Raw))
+        if seed is None or self.n == 1:
+            return
+        copies = self.n - 1
+        if size * copies > copy_limit:
+            raise ApiError(400, f"with 'seed' and n={self.n} each choice gets a copy of the sampling fields of its "
+                                f"own ({size} bytes): {size * copies} bytes in all, more than the largest request "
+                                f"the server takes ({copy_limit} bytes, --http-max-input-size); ask for fewer "
+                                "choices or send fewer fields", param="n")
+        self._sampling += [tm.seeded_input(sampling, shared, offset_seed(seed, j)) for j in range(1, self.n)]
+
+    async def submit(self, stream: bool) -> None:
+        """Submit every choice (after prepare); ApiError when the core refuses one (the others are cancelled).
+
+        A choice whose inputs are large costs the backend a copy of them (into a worker's shared
+        memory) as it is submitted: ~10 ms for 8 MiB. The loop gets a turn between two such choices,
+        so n of them never hold it for n copies in a row."""
         self.stream = stream
         tm = self.text_model
+        parts = self._sampling
+        each = len(parts) > 1
         index = 0
-        for prompt in self.prompts:
-            data = prompt.encode("utf-8")
+        for data in self._inputs:
+            large = len(data) + self._sampling_size > YIELD_BYTES
             for j in range(self.n):
-                params = sampling
-                if seeded and j:
-                    params = dict(sampling, seed=_offset_seed(sampling["seed"], j))
-                request = tm.build(self.id if index == 0 else f"{self.id}-{index}", data, stream, params, self.echo)
+                if large and index:
+                    await asyncio.sleep(0)
+                    if self.closed:
+                        return
+                request = tm.build(self.id if index == 0 else f"{self.id}-{index}", data, stream,
+                                   parts[j] if each else parts[0], self.echo)
                 request.on_response = self._responder(index)
                 self.requests.append(request)
                 try:
@@ -110,6 +148,7 @@ class Generation:
                     self.cancel()
                     raise from_kernel(exc, self.model_name) from None
                 index += 1
+        self._inputs = self._sampling = ()  # the requests hold them now
 
     def _responder(self, index: int):
         def on_response(response: InferResponse) -> None:
@@ -296,6 +335,3 @@ class Generation:
     def _usage_chunk(self) -> bytes:
         return self._prefix + b'],"usage":' + _json.encode(self.usage()) + b"}\n\n"
 
-
-def _offset_seed(seed: int, offset: int) -> int:
-    return (seed + offset) % (1 << 64) if seed >= 0 else seed + offset

@@ -48,3 +48,4 @@ class OpenAITransport(Transport):
 
     async def close(self) -> None:
         self.app.cut_all("the server is stopping and its exit timeout is spent")
+        await self.app.templates.close()
