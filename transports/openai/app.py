@@ -64,9 +64,11 @@ def route_of(path: str) -> Optional[tuple[str, Category]]:
 
 
 class OpenAIApp:
-    def __init__(self, server, max_input_size: int = 64 * 1024 * 1024, restricted: Optional[Restrictions] = None):
+    def __init__(self, server, max_input_size: int = 64 * 1024 * 1024, restricted: Optional[Restrictions] = None,
+                 max_json_output_size: int = 64 * 1024 * 1024):
         self.server = server
         self.max_input_size = max_input_size
+        self.max_json_output_size = max_json_output_size  # the most bytes a non-streamed answer may take
         self.restricted = restricted or None
         self.created = int(time.time())
         # Calls between their first byte and their last (Transport.transfers), and the streams among them.
@@ -249,7 +251,7 @@ class OpenAIApp:
         options = request.stream_options
         generation = Generation(self.server, request.model, tm, chat, prompts, n, schema.max_tokens(request),
                                 stream and options is not None and options.include_usage,
-                                bool(getattr(request, "echo", False)))
+                                bool(getattr(request, "echo", False)), self.max_json_output_size)
         generation.transport = scope.get("kernel.transport")
         await self.off_loop(size, generation.prepare, schema.sampling_parameters(fields, request), request.seed,
                             self.max_input_size)

@@ -14,6 +14,11 @@ never a model's tensors, and it is bounded:
   a holder of the server's account of held bytes (kernel.core.holding) whenever it holds any (what
   waits here and in the connection's write buffer), so a client that stops reading is cut after
   --client-stall-timeout-secs, and all streams together stay within --max-held-output-bytes.
+- A non-streamed answer's text is kept until the last choice ends; past --http-max-json-output-size
+  the call's requests are cancelled and the client gets a 400 naming that limit. While it grows
+  it is in the same account (it waits for this client), so it counts against
+  --max-held-output-bytes; cut there, the call answers 503 naming the reason. Once written, what
+  the client has not read waits in its connection, which the listener counts (http_limits).
 - A client that goes away cancels every request of the call.
 
 The writer sends everything that arrived since its last write in one body message: a client
@@ -35,7 +40,9 @@ from kernel.transports.asgi import start_stream
 from kernel.transports.openai.convention import ChoiceText, TextModel, finish_reason
 from kernel.transports.openai.schema import offset_seed
 from kernel.transports.reset import reset
-from kernel.transports.openai.errors import SERVER_ERROR, ApiError, error_body, from_kernel, send_error
+from kernel.transports.openai.errors import (
+    SERVER_ERROR, ApiError, answer_too_large, error_body, from_kernel, send_error,
+)
 
 # A choice whose inputs take more than this is submitted in a loop turn of its own (see submit).
 YIELD_BYTES = 64 * 1024
@@ -50,8 +57,11 @@ class Generation:
     """The choices of one /v1/chat/completions or /v1/completions call."""
 
     def __init__(self, server, model_name: str, text_model: TextModel, chat: bool, prompts: list[str], n: int,
-                 max_tokens: Optional[int], include_usage: bool, echo: bool) -> None:
+                 max_tokens: Optional[int], include_usage: bool, echo: bool,
+                 answer_limit: int = 64 * 1024 * 1024) -> None:
         self.server = server
+        self.answer_limit = answer_limit  # the most bytes a non-streamed answer may take (--http-max-json-output-size)
+        self.text_size = 0  # non-streaming: characters of text held in `texts` (a lower bound of their bytes)
         self.chat = chat
         self.text_model = text_model
         self.id = ("chatcmpl-" if chat else "cmpl-") + os.urandom(12).hex()
@@ -178,6 +188,13 @@ class Generation:
                 self._add(self._chunk(index, text, finish_reason(choice, self.max_tokens) if final else None))
             elif text:
                 self.texts[index].append(text)
+                self.text_size += len(text)
+                if self.text_size > _WATCH_BYTES:
+                    if self.text_size > self.answer_limit:
+                        self._drop_texts()
+                        self._fail(self._too_large())
+                        return
+                    self.server.held_output.watch(self)
             self.announced[index] = True
         if final:
             self.remaining -= 1
@@ -235,15 +252,20 @@ class Generation:
         self._wake()
 
     def held_bytes(self) -> int:
-        """kernel.core.holding.Holder: what waits for this client here and in its connection."""
-        held = self.pending_bytes
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            held += transport.get_write_buffer_size()
-        return held
+        """kernel.core.holding.Holder: what waits here for this client: a stream's events not yet
+        written, or a non-streamed answer's text while it is generated. (What waits in the
+        connection's write buffer is the connection's to count: kernel.transports.http_limits.)"""
+        if self.stream:
+            return self.pending_bytes
+        return 0 if self.finished or self.closed else self.text_size
 
     def cut(self, reason: str) -> None:
-        """kernel.core.holding.Holder: drop the client (it stopped reading)."""
+        """kernel.core.holding.Holder: drop the client. A stream is reset (it stopped reading); a
+        non-streamed answer that has sent nothing yet ends with a 503 naming the reason instead."""
+        if not self.stream and not self.closed and not self.finished:
+            self._drop_texts()
+            self._fail(ApiError(503, f"the answer was dropped: {reason}", SERVER_ERROR, None, "server_overloaded"))
+            return
         self.disconnected()
         self.pending.clear()
         self.pending_bytes = 0
@@ -281,15 +303,15 @@ class Generation:
                     await send({"type": "http.response.body", "body": data, "more_body": not done})
                 if done:
                     return
-                transport = self.transport
-                if transport is not None and transport.get_write_buffer_size():
-                    held.watch(self)
         finally:
             held.unwatch(self)
 
     async def wait_all(self) -> None:
-        while not self.finished and not self.closed:
-            await self._wait()
+        try:
+            while not self.finished and not self.closed:
+                await self._wait()
+        finally:
+            self.server.held_output.unwatch(self)
 
     def answer(self) -> bytes:
         """The non-streaming answer (after wait_all, without error)."""
@@ -302,10 +324,20 @@ class Generation:
                                 "logprobs": None, "finish_reason": reason})
             else:
                 choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
-        return _json.encode({
+        out = _json.encode({
             "id": self.id, "object": "chat.completion" if self.chat else "text_completion", "created": self.created,
             "model": self.model_name, "choices": choices, "usage": self.usage(), "system_fingerprint": None,
         })
+        if len(out) > self.answer_limit:
+            raise self._too_large()
+        return out
+
+    def _drop_texts(self) -> None:
+        self.texts = [[] for _ in self.texts]
+        self.text_size = 0
+
+    def _too_large(self) -> ApiError:
+        return answer_too_large(self.answer_limit, "ask for fewer tokens or choices, or stream the answer")
 
     # ---- encoding ------------------------------------------------------------------------------
 

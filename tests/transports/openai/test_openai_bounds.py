@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import EXAMPLES, TEST_MODELS
-from openai_helpers import LiveProbe, OpenAIServer, assert_error_shape, request, tiny_lm
+from openai_helpers import LiveProbe, OpenAIServer, assert_error_shape, request, rss_kb, tiny_lm
 
 MIB = 1 << 20
 MAX_INPUT = 16 * MIB
@@ -186,4 +186,151 @@ def test_a_server_rendering_a_runaway_template_stops_on_sigterm(repo):
         assert time.monotonic() - started < 10
         caller.join(30)
     finally:
+        k.stop()
+
+
+# ---- N7: embeddings are written beside the loop, in pieces, within the JSON limit ------------------------------
+
+
+def _expected_embeddings(dims: list[int], base64_format: bool) -> bytes:
+    """The answer as the whole of it encoded at once would read (what Kernel answered before)."""
+    import base64
+
+    import msgspec
+    import numpy as np
+
+    data = []
+    for i, d in enumerate(dims):
+        vector = np.arange(d, dtype=np.float32) / 8
+        value = base64.b64encode(vector.astype("<f4").tobytes()).decode() if base64_format else vector.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    return msgspec.json.encode({"object": "list", "data": data, "model": "wide_embed",
+                                "usage": {"prompt_tokens": 0, "total_tokens": 0}})
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64"])
+def test_embeddings_answers_are_byte_for_byte_those_encoded_at_once(server, encoding):
+    dims = [40000, 3, 0, 16385]  # pieces of 16,384 numbers: more than two, exactly one, none, one and one more
+    call = {"model": "wide_embed", "input": [str(d) for d in dims], "encoding_format": encoding}
+    status, _, body = post(server, call, "/v1/embeddings")
+    assert status == 200, body[:300]
+    assert body == _expected_embeddings(dims, encoding == "base64")
+
+
+def test_wide_embeddings_do_not_stop_the_loop_and_past_the_limit_are_refused(server):
+    """2048 x 4096 numbers (~55 MB of JSON) froze the front 0.6-2.8 s; one 10M-number vector 1.3-3.8 s
+    and took its heap up by ~0.5 GB. Now the answer is written in pieces beside the loop, and one
+    that would pass --http-max-json-output-size (64 MiB) is refused naming it; the heap grows by at
+    most the answer: bound 2 x 64 MiB + 64 MiB."""
+    wide = compact({"model": "wide_embed", "input": ["4096"] * 2048, "encoding_format": "float"})
+    huge = compact({"model": "wide_embed", "input": ["10000000"], "encoding_format": "float"})
+    with LiveProbe(server) as probe:
+        status, _, body = post(server, wide, "/v1/embeddings")
+        assert status == 200, body[:300]
+        status, _, refused = post(server, huge, "/v1/embeddings")
+    probe.assert_free()
+    assert probe.anon_growth_mib() < 2 * 64 + 64, probe.anon_growth_mib()
+    assert 40 * MIB < len(body) < 64 * MIB
+    doc = json.loads(body)  # after the probe: it shares this process's GIL
+    assert len(doc["data"]) == 2048 and doc["data"][2047]["embedding"][:3] == [0.0, 0.125, 0.25]
+    assert status == 400, refused[:300]
+    error = assert_error_shape(refused)
+    assert error["code"] == "answer_too_large" and "--http-max-json-output-size" in error["message"]
+    assert f"passed {64 * MIB} bytes" in error["message"]
+
+
+# ---- N12: a non-streamed completion's text is capped ----------------------------------------------------------
+
+
+def test_a_non_streamed_answer_past_the_json_limit_is_refused(server):
+    """A 293 MiB answer peaked the front at 1.2-2.7 GB. Now the text is counted as it comes, and past
+    --http-max-json-output-size (64 MiB) the call is cancelled and refused naming that limit: the
+    heap grows by at most the limit, twice (text and answer), plus 64 MiB."""
+    call = compact({"model": "blob_lm", "prompt": "80 1048576"})  # 80 MiB of text
+    with LiveProbe(server) as probe:
+        status, _, body = post(server, call, "/v1/completions")
+    probe.assert_free()
+    assert probe.anon_growth_mib() < 2 * 64 + 64, probe.anon_growth_mib()
+    assert status == 400, body[:300]
+    error = assert_error_shape(body)
+    assert error["code"] == "answer_too_large" and "--http-max-json-output-size" in error["message"]
+    # Under the limit the whole text comes back.
+    status, _, body = post(server, compact({"model": "blob_lm", "prompt": "30 1048576"}), "/v1/completions")
+    assert status == 200 and json.loads(body)["choices"][0]["text"] == "a" * (30 * MIB)
+
+
+# ---- N4: answers a client does not read are counted and cut --------------------------------------------------
+
+
+def _never_reading(port: int, path: str, body: dict):
+    import socket
+
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    data = json.dumps(body).encode()
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+              % (path.encode(), len(data)) + data)
+    return s
+
+
+def _until_closed(s, timeout: float) -> tuple[int, bool]:
+    """(bytes read, whether the server closed or reset the connection within `timeout` s; an answer
+    that came whole counts as closed)."""
+    import socket
+
+    got = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            chunk = s.recv(1 << 20)
+        except socket.timeout:
+            return got, False
+        except ConnectionResetError:
+            return got, True
+        if not chunk:
+            return got, True
+        got += len(chunk)
+        if got < 1000 and chunk.startswith(b"HTTP/1.1 503") and chunk.endswith(b"}}"):
+            return got, True
+    return got, False
+
+
+def test_non_streamed_answers_to_clients_that_do_not_read_are_counted_and_cut(repo):
+    """40 readers that never read held 2.3 GB, and 33 were still open long past the stall timeout.
+    Now what waits in their connections is in --max-held-output-bytes: new calls get 503 while it
+    is over, the stalled are cut (the client sees its connection end), their memory is freed."""
+    k = OpenAIServer([BOUNDS_MODELS], "--max-held-output-bytes", str(16 * MIB), "--client-stall-timeout-secs", "2")
+    socks = []
+    try:
+        k.wait_ready()
+        anon_before = rss_kb(k.proc.pid, "RssAnon")
+        calls = [("/v1/completions", {"model": "blob_lm", "prompt": "8 1048576"})] * 3 + [
+            ("/v1/chat/completions", {"model": "blob_lm", "messages": [{"role": "user", "content": "8 1048576"}]})] * 3 + [
+            ("/v1/embeddings", {"model": "wide_embed", "input": ["4096"] * 512, "encoding_format": "float"})] * 2
+        socks = [_never_reading(k.openai_port, path, body) for path, body in calls]
+        refused = False
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not refused:
+            status, _, body = request(k.openai_port, "POST", "/v1/completions", {"model": "blob_lm", "prompt": "x"})
+            refused = status == 503
+            time.sleep(0.05)
+        assert refused, "no call was refused while the readers held more than the limit"
+        assert "over its limit of 16777216 bytes" in assert_error_shape(body)["message"]
+        # Over the limit the longest-stalled are cut at once, the rest after the stall timeout (2 s);
+        # calls that came while the total was over the limit were refused (a small 503 that went at once).
+        time.sleep(5)
+        cut = 0
+        for s in socks:
+            got, closed = _until_closed(s, 10)
+            assert closed, got
+            cut += got > 1000
+            assert got < 8 * MIB
+        assert cut >= 3 and k.log().count("cutting a client") == cut
+        assert request(k.openai_port, "POST", "/v1/completions", {"model": "blob_lm", "prompt": "x"})[0] == 200
+        assert rss_kb(k.proc.pid, "RssAnon") - anon_before < 64 * 1024
+    finally:
+        for s in socks:
+            s.close()
         k.stop()
