@@ -38,6 +38,7 @@ from kernel.transports.openai.errors import (
 )
 from kernel.transports.openai.generation import Generation
 from kernel.transports.openai.template_pool import TemplatePool
+from kernel.transports.reset import reset
 from kernel.transports.restrictions import Category, Restrictions
 
 log = logging.getLogger("kernel.openai")
@@ -258,10 +259,16 @@ class OpenAIApp:
         await generation.submit(stream)
         return generation
 
+    def end_all(self, reason: str) -> int:
+        """End every call still generating with an error naming `reason` (the exit timeout is spent):
+        an error event closes a stream, a 503 answers the others. Returns how many were ended."""
+        return sum(generation.end(reason) for generation in list(self.streams))
+
     def cut_all(self, reason: str) -> None:
-        """Cut every stream still open (the exit timeout is spent)."""
+        """Reset the clients of the calls still open (they did not take even their last event)."""
         for generation in list(self.streams):
-            generation.cut(reason)
+            generation.disconnected()
+            reset(generation.transport)
 
 
 async def _watch_disconnect(receive, generation: Generation) -> None:

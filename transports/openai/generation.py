@@ -245,6 +245,15 @@ class Generation:
 
     # ---- the client ----------------------------------------------------------------------------
 
+    def end(self, reason: str) -> bool:
+        """End the call with an error naming `reason` (the server is stopping): a stream gets it as
+        its last event, a call that sent nothing yet as its answer (503). False: it had ended."""
+        if self.finished or self.closed:
+            return False
+        self._drop_texts()
+        self._fail(ApiError(503, reason, SERVER_ERROR, None, "server_stopping"))
+        return True
+
     def disconnected(self) -> None:
         """The client went away: cancel the requests, write nothing more."""
         self.closed = True
