@@ -86,6 +86,7 @@ async def stream_events(
     decoupled: bool,
     extra_headers: tuple = (),
     transport=None,
+    trace=None,
 ) -> None:
     """Send each response as an SSE event until the final one.
 
@@ -93,7 +94,8 @@ async def stream_events(
     response first gives its error status); a later error arrives as an
     event carrying {"error": ...}, so clients must look at every event.
     The status, headers and first event leave in one segment (start_stream;
-    transport: the connection, scope["kernel.transport"]).
+    transport: the connection, scope["kernel.transport"]). `trace`: the call's trace when it was
+    sampled (the final response stamps INFER_RESPONSE_COMPLETE and HTTP_SEND_START on it).
     """
     started = False
     try:
@@ -101,6 +103,9 @@ async def stream_events(
             response = await responses.get()
             if response is None:
                 return  # client went away; the request is cancelled
+            if trace is not None and response.final:
+                trace.on_response(response)
+                trace.stamp("HTTP_SEND_START")
             event = b""
             if not is_flag_only(response, decoupled):
                 if response.error is not None:
@@ -131,7 +136,28 @@ async def stream_events(
 
 
 async def handle_generate(app, name: str, version: str, streaming: bool, scope, receive, send) -> None:
-    """Serve one generate / generate_stream call; KernelError before inference -> caller's JSON error."""
+    """Serve one generate / generate_stream call; KernelError before inference -> caller's JSON error.
+
+    Traced as an infer request is (--trace-config; in OpenTelemetry mode a W3C traceparent
+    header parents it): HTTP_RECV_START/END, the model's own timestamps, INFER_RESPONSE_COMPLETE
+    and HTTP_SEND_START at the final response, HTTP_SEND_END once the answer is written."""
+    tracer = app.tracer
+    if tracer is None or not tracer.active:  # all that tracing costs while it is off
+        await _generate(app, name, version, streaming, scope, receive, send, None)
+        return
+    trace = tracer.sample(name, tracer.context(scope["headers"]))
+    if trace is None:
+        await _generate(app, name, version, streaming, scope, receive, send, None)
+        return
+    trace.stamp("HTTP_RECV_START")
+    try:
+        await _generate(app, name, version, streaming, scope, receive, send, trace)
+    finally:
+        trace.stamp("HTTP_SEND_END")
+        trace.release()
+
+
+async def _generate(app, name: str, version: str, streaming: bool, scope, receive, send, trace) -> None:
     server = app.server
     model = server.model(name, version)
     body = await app.read_body(receive)
@@ -140,13 +166,16 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
     for key, value in scope["headers"]:
         if key == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
             raise _bad("Unsupported content-encoding, only 'identity' is supported.")
+    if trace is not None:
+        trace.stamp("HTTP_RECV_END")
     request = build_generate_request(body, model, name, version)
+    request.trace = trace
     responses = ResponseQueue(request)
     server.submit(request)
     responses.watch_disconnect(receive)
     if streaming:
         await stream_events(responses, send, encode_generate_response, model.decoupled,
-                            transport=scope.get("kernel.transport"))
+                            transport=scope.get("kernel.transport"), trace=trace)
         return
     try:
         chunks: list[InferResponse] = []
@@ -157,6 +186,9 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
             if not is_flag_only(response, model.decoupled):
                 chunks.append(response)
             if response.final:
+                if trace is not None:
+                    trace.on_response(response)
+                    trace.stamp("HTTP_SEND_START")
                 break
     finally:
         responses.close()

@@ -31,7 +31,7 @@ from kernel.core.errors import KernelError
 from kernel.core.scheduling import in_flight_count
 from kernel.transports.asgi import lifespan
 from kernel.transports.http.body import read_body
-from kernel.transports.openai import chat_template, embeddings, schema
+from kernel.transports.openai import chat_template, embeddings, schema, tracing
 from kernel.transports.openai.convention import text_model
 from kernel.transports.openai.errors import (
     SERVER_ERROR, ApiError, bad_request, error_body, from_kernel, model_not_found, send_error, too_many_requests,
@@ -108,9 +108,10 @@ class OpenAIApp:
             elif path == "/v1/completions":
                 await self._completion(False, scope, receive, send)
             elif path == "/v1/embeddings":
+                started = tracing.start_ns(self.server)
                 body = await self._body(scope, receive)
                 if body is not None:
-                    await embeddings.handle(self, body, receive, send)
+                    await embeddings.handle(self, body, scope, receive, send, started)
             elif path == "/v1/models":
                 await _send_json(send, 200, {"object": "list", "data": [self._model_card(n) for n in self._ready()]})
             elif path == "/health/ready":
@@ -200,16 +201,27 @@ class OpenAIApp:
     # ---- completions ---------------------------------------------------------------------------
 
     async def _completion(self, chat: bool, scope, receive, send) -> None:
+        started = tracing.start_ns(self.server)
         body = await self._body(scope, receive)
         if body is None:
             return
-        generation = await self._submitted(chat, body, scope)
-        del body  # the choices share what they need of it (Generation.prepare)
-        stream = generation.stream
+        size = len(body)
+        request, fields = await self.off_loop(size, schema.decode, body,
+                                              schema.ChatRequest if chat else schema.CompletionRequest)
+        trace = tracing.CallTrace.sample(self.server, request.model, scope["headers"], started) if started else None
+        try:
+            generation = await self._submitted(chat, request, fields, size, scope, trace)
+            del body, request, fields  # the choices share what they need of them (Generation.prepare)
+            await self._answer(generation, receive, send)
+        finally:
+            if trace is not None:
+                trace.finish()
+
+    async def _answer(self, generation: Generation, receive, send) -> None:
         watcher = asyncio.ensure_future(_watch_disconnect(receive, generation))
         self.streams.add(generation)
         try:
-            if stream:
+            if generation.stream:
                 await generation.write_stream(send)
                 return
             await generation.wait_all()
@@ -226,11 +238,9 @@ class OpenAIApp:
             if not generation.finished:
                 generation.cancel()
 
-    async def _submitted(self, chat: bool, body: bytes, scope) -> Generation:
-        """The call's choices, submitted; ApiError when the request or the model refuses."""
-        size = len(body)
-        kind = schema.ChatRequest if chat else schema.CompletionRequest
-        request, fields = await self.off_loop(size, schema.decode, body, kind)
+    async def _submitted(self, chat: bool, request, fields: dict, size: int, scope, trace) -> Generation:
+        """The call's choices, submitted; ApiError when the request or the model refuses. `size`:
+        the body's; `trace`: the call's tracing.CallTrace when it was sampled."""
         if chat:
             schema.check_chat(request)
         else:
@@ -254,6 +264,7 @@ class OpenAIApp:
                                 stream and options is not None and options.include_usage,
                                 bool(getattr(request, "echo", False)), self.max_json_output_size)
         generation.transport = scope.get("kernel.transport")
+        generation.trace = trace
         await self.off_loop(size, generation.prepare, schema.sampling_parameters(fields, request), request.seed,
                             self.max_input_size)
         await generation.submit(stream)

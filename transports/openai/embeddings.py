@@ -25,12 +25,24 @@ from kernel.transports.http.large_json import PIECE_ELEMENTS
 from kernel.transports.openai import schema
 from kernel.transports.openai.convention import embedding_model
 from kernel.transports.openai.errors import answer_too_large, bad_request, from_kernel, send_error
+from kernel.transports.openai.tracing import CallTrace
 
 _json = msgspec.json.Encoder()
 
 
-async def handle(app, body: bytes, receive, send) -> None:
+async def handle(app, body: bytes, scope, receive, send, started_ns: int = 0) -> None:
+    """`started_ns`: when the call began, when tracing may sample it (tracing.start_ns)."""
     request, _ = await app.off_loop(len(body), schema.decode, body, schema.EmbeddingRequest)
+    del body
+    trace = CallTrace.sample(app.server, request.model, scope["headers"], started_ns) if started_ns else None
+    try:
+        await _embed(app, request, receive, send, trace)
+    finally:
+        if trace is not None:
+            trace.finish()
+
+
+async def _embed(app, request, receive, send, trace) -> None:
     if request.encoding_format not in ("float", "base64", None):
         raise bad_request(f"encoding_format must be 'float' or 'base64', not '{request.encoding_format}'",
                           "encoding_format")
@@ -46,6 +58,8 @@ async def handle(app, body: bytes, receive, send) -> None:
     try:
         for i, text in enumerate(texts):
             core_request = em.build(f"{call_id}-{i}", text.encode("utf-8"))
+            if trace is not None:
+                core_request.trace = trace.for_request(i)
             futures.append(collect_single_response(core_request))
             requests.append(core_request)
             app.server.submit(core_request)
@@ -64,6 +78,8 @@ async def handle(app, body: bytes, receive, send) -> None:
             raise
     finally:
         watcher.cancel()
+    if trace is not None:
+        trace.answered(responses[-1])
     for response in responses:
         if response.error is not None:
             await send_error(send, from_kernel(response.error, model.name))

@@ -92,6 +92,7 @@ class Generation:
         self.pending: list[bytes] = []
         self.pending_bytes = 0
         self.transport = None  # the connection (for its write buffer), when the listener gives it
+        self.trace = None  # tracing.CallTrace of a sampled call: its requests carry its traces
         self._started = False  # the stream's status and headers were sent
         self._waiter: Optional[asyncio.Future] = None
         model_json = _json.encode(model_name)
@@ -150,6 +151,8 @@ class Generation:
                 request = tm.build(self.id if index == 0 else f"{self.id}-{index}", data, stream,
                                    parts[j] if each else parts[0], self.echo)
                 request.on_response = self._responder(index)
+                if self.trace is not None:
+                    request.trace = self.trace.for_request(index)
                 self.requests.append(request)
                 try:
                     self.server.submit(request)
@@ -199,6 +202,8 @@ class Generation:
         if final:
             self.remaining -= 1
             if self.remaining == 0:
+                if self.trace is not None:
+                    self.trace.answered(response)
                 if self.stream:
                     if self.include_usage:
                         self._add(self._usage_chunk())
