@@ -190,6 +190,11 @@ def decode_request(body, header_length: Optional[int]) -> Decoded:
     return Decoded(request, binary, tensors)
 
 
+def has_empty_array(text: bytes) -> bool:
+    """Whether JSON text holds an empty array ('[]', '[ ]'): a hole the piecewise reading cannot see."""
+    return _EMPTY_ARRAY.search(text) is not None
+
+
 def _json_tensor(inp: _RawInput) -> InferTensor:
     datatype = inp.datatype
     if (inp.data is msgspec.UNSET or datatype not in datatypes.DATATYPES or datatype == "BF16"
