@@ -275,7 +275,7 @@ class OpenAIApp:
         an error event closes a stream, a 503 answers the others. Returns how many were ended."""
         return sum(generation.end(reason) for generation in list(self.streams))
 
-    def cut_all(self, reason: str) -> None:
+    def cut_all(self) -> None:
         """Reset the clients of the calls still open (they did not take even their last event)."""
         for generation in list(self.streams):
             generation.disconnected()

@@ -12,8 +12,9 @@ never a model's tensors, and it is bounded:
   them pile up; past MAX_PENDING_BYTES the call's requests are cancelled (the model sees
   is_cancelled()) and the stream ends with an error event once the client reads on. The stream is
   a holder of the server's account of held bytes (kernel.core.holding) whenever it holds any (what
-  waits here and in the connection's write buffer), so a client that stops reading is cut after
-  --client-stall-timeout-secs, and all streams together stay within --max-held-output-bytes.
+  waits here; what waits in its connection's write buffer the connection counts), so a client
+  that stops reading is cut after --client-stall-timeout-secs, and all streams together stay
+  within --max-held-output-bytes.
 - A non-streamed answer's text is kept until the last choice ends; past --http-max-json-output-size
   the call's requests are cancelled and the client gets a 400 naming that limit. While it grows
   it is in the same account (it waits for this client), so it counts against

@@ -84,7 +84,7 @@ class OpenAITransport(Transport):
         deadline = loop.time() + END_WAIT_S
         while self.app.streams and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        self.app.cut_all(_STOPPING.format(float(self.server.options.exit_timeout_secs)))
+        self.app.cut_all()
         if self._uvicorn is not None:
             await self._uvicorn.close()
         await self.app.templates.close()
