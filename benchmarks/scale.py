@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from pathlib import Path
@@ -229,6 +230,14 @@ def markdown(result: dict) -> str:
             if var:
                 lines.append(f"  - again with one connection per perf_analyzer context: {one_line(var)}"
                              + (" (stalled too)" if "stall" in var else ""))
+    errors = [(e["server"], p) for e in servers for p in e["points"] if p.get("error") and "stall" not in p]
+    errors += [(e["server"], {"scenario": "(start)", "error": e["error"]}) for e in servers if e.get("error")]
+    if errors:
+        lines += ["", "## Errors", ""]
+        for server, p in errors:
+            tail = [ln for ln in (p.get("server_log_tail") or "").splitlines() if ln.strip() and not ln.startswith("I")]
+            lines.append(f"- {server} {p['scenario']}: {p['error'][:300]}".replace("\n", " ")
+                         + (f" (server log: `{' / '.join(tail[-3:])[:300]}`)" if tail else ""))
     lines += ["", "## Notes", ""] + [f"- {n}" for n in result["meta"]["notes"]]
     return "\n".join(lines) + "\n"
 
@@ -268,6 +277,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
     out = Path(args.out).resolve()
@@ -281,20 +295,7 @@ def main(argv=None) -> int:
         notes.append("this Kernel has no --front-processes: only N=1 (plain `kernel serve`) measured")
     repo = sr.build_repo(out / "repo", MODELS, args.instances)
     state = {"flag": flag, "variant_done": False}
-    servers = []
-    for server in args.server_list:
-        if server == "triton" and tools.triton_home is None:
-            continue
-        if server not in ("triton", "1") and not flag:
-            continue
-        if server.isdigit() and int(server) > cpus:
-            notes.append(f"N={server} skipped: more fronts than the {cpus} CPUs here")
-            continue
-        left = deadline - time.monotonic()
-        if left < estimate(args, args.selected, server) * 0.6:
-            notes.append(f"{label(server)} skipped: out of time ({left:.0f} s left of --budget-s {args.budget_s:.0f})")
-            continue
-        servers.append(measure_server(server, args, tools, repo, logs, deadline, state))
+    servers: list[dict] = []
     notes += [
         f"{cpus} CPUs; each model with {args.instances} CPU instances; perf_analyzer `--measurement-interval "
         f"{args.window_ms} -s 1000 -r 3` (3 windows, the CSV's figures); the server's side read over 2 windows' time "
@@ -307,15 +308,39 @@ def main(argv=None) -> int:
     ]
     if args.dry_run:
         notes.insert(0, "**Dry run** (`--dry-run`): short windows and 2 instances; checks the harness, not a result.")
-    result = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "host": f"{platform.node()} ({cpus} CPUs)",
-                       "python": platform.python_version(), "argv": argv if argv is not None else sys.argv[1:],
-                       "wall_s": round(time.monotonic() - t_start, 1), "notes": notes,
-                       "settings": {k: v for k, v in vars(args).items() if k not in ("selected",)}},
-              "scenarios": [s.name for s in args.selected], "servers": servers}
-    (out / "scale.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    md = markdown(result)
-    (out / "scale.md").write_text(md)
-    print(md)
+
+    def write() -> str:
+        """The results so far (after every server: a run stopped from outside keeps what it measured)."""
+        result = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "host": f"{platform.node()} ({cpus} CPUs)",
+                           "python": platform.python_version(), "argv": argv if argv is not None else sys.argv[1:],
+                           "wall_s": round(time.monotonic() - t_start, 1), "notes": notes,
+                           "settings": {k: v for k, v in vars(args).items() if k not in ("selected",)}},
+                  "scenarios": [s.name for s in args.selected], "servers": servers}
+        (out / "scale.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+        md = markdown(result)
+        (out / "scale.md").write_text(md)
+        return md
+
+    for server in args.server_list:
+        if server == "triton" and tools.triton_home is None:
+            continue
+        if server not in ("triton", "1") and not flag:
+            continue
+        if server.isdigit() and int(server) > cpus:
+            notes.append(f"N={server} skipped: more fronts than the {cpus} CPUs here")
+            continue
+        left = deadline - time.monotonic()
+        if left < estimate(args, args.selected, server) * 0.6:
+            notes.append(f"{label(server)} skipped: out of time ({left:.0f} s left of --budget-s {args.budget_s:.0f})")
+            continue
+        try:
+            servers.append(measure_server(server, args, tools, repo, logs, deadline, state))
+        except KeyboardInterrupt:  # SIGTERM too (scale-check.sh's time limit): the servers were stopped
+            notes.append(f"interrupted during {label(server)}: the run stopped there")
+            print(write())
+            return 130
+        write()
+    print(write())
     failed = any(e.get("error") for e in servers) or any(p.get("error") for e in servers for p in e["points"])
     return 1 if failed else 0
 

@@ -240,65 +240,74 @@ def stall_report(srv: harness.Server, sc: Scenario, port: int, last_cpu: dict) -
             "front_cores_last_interval": last_cpu, "server_log_tail": harness.log_tail(srv.log, 15)}
 
 
+def _follow(srv: harness.Server, sc: Scenario, pa: subprocess.Popen, point: dict, port: int, skip_s: float,
+            span: float, hard: float, stall_s: float) -> tuple[list, tuple | None, tuple | None, bool]:
+    """Watch a running load: the window's two readings (CPU by kind with the load client, the
+    server's count, the box, the time), a reading of the count and of each front's cores every
+    0.5 s, and a stall (no progress for STALL_S) described into POINT. Returns (series, before,
+    after, stalled); AFTER is taken when the load ends before the window does."""
+    t0 = time.monotonic()
+    extra = {pa.pid: "client"}
+    series, before, after = [], None, None
+    last_n, last_move, stalled = _count(srv, sc.model), time.monotonic(), False
+    last_fronts, last_t = {p: procs.cpu_ticks(p) for p in _fronts(srv)}, 0.0
+    while pa.poll() is None and time.monotonic() - t0 < hard:
+        time.sleep(0.25 if before is None or after is not None else 0.05)
+        now = time.monotonic() - t0
+        if before is None and now >= skip_s:
+            before = (procs.Snapshot.take(srv.main_pid, extra), _count(srv, sc.model), procs.box_busy(), now)
+            point["connections_per_front"] = list(procs.connections_per_process(_fronts(srv), port).values())
+        elif before is not None and after is None and now >= skip_s + span:
+            after = (procs.Snapshot.take(srv.main_pid, extra), _count(srv, sc.model), procs.box_busy(), now)
+        if len(series) < 2 * now:  # one reading per 0.5 s
+            n = _count(srv, sc.model)
+            cur = {p: procs.cpu_ticks(p) for p in last_fronts}
+            cores = [round(((cur[p] or 0) - (last_fronts[p] or 0)) / procs.TICK / max(0.05, now - last_t), 2) for p in cur]
+            last_fronts, last_t = cur, now
+            series.append((round(now, 2), n, cores))
+            if n is not None and n != last_n:
+                last_n, last_move = n, time.monotonic()
+            elif now > skip_s and time.monotonic() - last_move >= stall_s:
+                stalled = True
+                point["stall"] = {"after_s": round(now, 1), "completed": n, **stall_report(srv, sc, port, cores)}
+                break
+    if before is not None and after is None:  # the load ended first: the window ends here
+        after = (procs.Snapshot.take(srv.main_pid, extra), _count(srv, sc.model), procs.box_busy(), time.monotonic() - t0)
+        point["window_cut"] = True
+    return series, before, after, stalled
+
+
 def perf_point(srv: harness.Server, sc: Scenario, tools: Tools, window_ms: int, logs: Path, stall_s: float = 3.0,
                env_extra: dict | None = None) -> dict:
     """perf_analyzer at sc.concurrency for 3 windows of WINDOW_MS; the server's side read from half
     a window (and its start-up) after the load started, for 2 windows' time or until the load ends.
     Stopped early when the server's completed count stands still for STALL_S while the load runs."""
-    skip_s = 0.3 + window_ms / 2000
     port = srv.http_port if sc.protocol == "http" else srv.grpc_port
     point: dict = {"scenario": sc.name, "server": srv.label}
+    span, hard = 2 * window_ms / 1000, 3 * window_ms / 1000 + 8.0
     with tempfile.TemporaryDirectory() as td:
         csv = Path(td) / "pa.csv"
         cmd = [*tools.perf, "-m", sc.model, "-u", f"localhost:{port}", "-i", sc.protocol, "--concurrency-range",
                f"{sc.concurrency}:{sc.concurrency}", "--measurement-interval", str(window_ms),
                "--stability-percentage", "1000", "--max-trials", "3", *sc.extra, "-f", str(csv)]
         point["command"] = shlex.join(["perf_analyzer", *cmd[len(tools.perf):]]).replace(str(csv), "OUT.csv")
-        env = dict(tools.perf_env, **(env_extra or {}))
         log = logs / f"{point['server']}_{sc.name}{'_variant' if env_extra else ''}.perf.log".replace(" ", "_").replace("=", "")
-        span = 2 * window_ms / 1000
-        hard = 3 * window_ms / 1000 + 8.0
         with open(log, "w") as logf:
             logf.write(f"$ {shlex.join(cmd)}\n")
             logf.flush()
-            t0 = time.monotonic()
-            pa = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            extra = {pa.pid: "client"}
-            series, before, after = [], None, None
-            last_n, last_move, stalled = _count(srv, sc.model), time.monotonic(), False
-            last_fronts, last_t = {p: procs.cpu_ticks(p) for p in _fronts(srv)}, 0.0
-            while pa.poll() is None and time.monotonic() - t0 < hard:
-                time.sleep(0.25 if before is None or after is not None else 0.05)
-                now = time.monotonic() - t0
-                if before is None and now >= skip_s:
-                    before = (procs.Snapshot.take(srv.main_pid, extra), _count(srv, sc.model), procs.box_busy(), now)
-                    point["connections_per_front"] = list(procs.connections_per_process(_fronts(srv), port).values())
-                elif before is not None and after is None and now >= skip_s + span:
-                    after = (procs.Snapshot.take(srv.main_pid, extra), _count(srv, sc.model), procs.box_busy(), now)
-                if len(series) < 2 * now:  # one reading per 0.5 s
-                    n = _count(srv, sc.model)
-                    cur = {p: procs.cpu_ticks(p) for p in last_fronts}
-                    cores = [round(((cur[p] or 0) - (last_fronts[p] or 0)) / procs.TICK / max(0.05, now - last_t), 2)
-                             for p in cur]
-                    last_fronts, last_t = cur, now
-                    series.append((round(now, 2), n, cores))
-                    if n is not None and n != last_n:
-                        last_n, last_move = n, time.monotonic()
-                    elif now > skip_s and time.monotonic() - last_move >= stall_s:
-                        stalled = True
-                        point["stall"] = {"after_s": round(now, 1), "completed": n, **stall_report(srv, sc, port, cores)}
-                        break
-            if before is not None and after is None:  # the load ended first: the window ends here
-                after = (procs.Snapshot.take(srv.main_pid, extra), _count(srv, sc.model), procs.box_busy(),
-                         time.monotonic() - t0)
-                point["window_cut"] = True
-            if pa.poll() is None:
-                harness.kill_group(pa.pid, pa.pid, grace=2.0)
-                point.setdefault("error", "stalled: no progress for %.0f s" % stall_s if stalled else
-                                 f"perf_analyzer still running after {hard:.0f} s: stopped")
-            pa.wait()
+            pa = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=dict(tools.perf_env, **(env_extra or {})),
+                                  start_new_session=True)
+            stalled = False
+            try:
+                series, before, after, stalled = _follow(srv, sc, pa, point, port, 0.3 + window_ms / 2000, span, hard,
+                                                         stall_s)
+            finally:
+                if pa.poll() is None:
+                    harness.kill_group(pa.pid, pa.pid, grace=2.0)
+                    point.setdefault("error", f"stalled: no progress for {stall_s:.0f} s" if stalled else
+                                     f"perf_analyzer still running after {hard:.0f} s: stopped")
+                pa.wait()
         point["series"] = series
-        text = log.read_text(errors="replace")
         if csv.exists():
             try:
                 row = harness.parse_perf_csv(csv.read_text())
@@ -306,17 +315,22 @@ def perf_point(srv: harness.Server, sc: Scenario, tools: Tools, window_ms: int, 
             except (ValueError, KeyError) as e:
                 point["error"] = f"perf_analyzer CSV: {e}"
         elif "error" not in point:
-            point["error"] = f"perf_analyzer rc={pa.returncode}: " + " | ".join(text.strip().splitlines()[-3:])
+            tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+            point["error"] = f"perf_analyzer rc={pa.returncode}: " + " | ".join(tail)
     if before and after:
         cpu, changed = procs.cpu_between(before[0], after[0])
         dt = after[3] - before[3]
         done = (after[1] or 0) - (before[1] or 0)
-        busy = (after[2][0] - before[2][0]) / max(1, after[2][1] - before[2][1])
-        point.update(server_infer_per_s=round(done / dt, 1), window_s=round(dt, 2), box_busy=round(busy, 3),
-                     cpu_us_per_request=_per_request(cpu, done), processes_changed=changed,
-                     cores={k: round(v.seconds / dt, 2) for k, v in cpu.items()},
-                     front_cores_each=[round(s / dt, 2) for s in cpu.get(procs.FRONT, procs.KindCpu()).per_process])
+        point.update(server_infer_per_s=round(done / dt, 1), window_s=round(dt, 2), cpu_us_per_request=_per_request(cpu, done),
+                     processes_changed=changed, **_shares(cpu, before[2], after[2], dt))
     return point
+
+
+def _shares(cpu: dict, box0: tuple, box1: tuple, dt: float) -> dict:
+    """The box's busy share over the window, cores per kind, and each front's cores."""
+    return {"box_busy": round((box1[0] - box0[0]) / max(1, box1[1] - box0[1]), 3),
+            "cores": {k: round(v.seconds / dt, 2) for k, v in cpu.items()},
+            "front_cores_each": [round(s / dt, 2) for s in cpu.get(procs.FRONT, procs.KindCpu()).per_process]}
 
 
 def gen_point(srv: harness.Server, sc: Scenario, route_port: int, route: str, clients: int, duration: float,
@@ -332,27 +346,36 @@ def gen_point(srv: harness.Server, sc: Scenario, route_port: int, route: str, cl
     point["command"] = " & ".join(shlex.join(["python", *c[1:]]) for c in cmds)
     t0 = time.monotonic()
     loads = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
-    extra = {p.pid: "client" for p in loads}
-    time.sleep(max(0.0, warmup + 0.3 - (time.monotonic() - t0)))
-    before = (procs.Snapshot.take(srv.main_pid, extra), procs.box_busy(), time.monotonic())
-    point["connections_per_front"] = list(procs.connections_per_process(_fronts(srv), route_port).values())
-    time.sleep(max(0.0, duration - 0.2))
-    after = (procs.Snapshot.take(srv.main_pid, extra), procs.box_busy(), time.monotonic())
     results, errors = [], []
-    for p in loads:
-        try:
-            out, err = p.communicate(timeout=duration + warmup + 60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-        if p.returncode == 0 and out.strip():
-            results.append(json.loads(out))
-        else:
-            errors.append(err.strip()[-300:])
+    try:
+        extra = {p.pid: "client" for p in loads}
+        time.sleep(max(0.0, warmup + 0.3 - (time.monotonic() - t0)))
+        before = (procs.Snapshot.take(srv.main_pid, extra), procs.box_busy(), time.monotonic())
+        point["connections_per_front"] = list(procs.connections_per_process(_fronts(srv), route_port).values())
+        time.sleep(max(0.0, duration - 0.2))
+        after = (procs.Snapshot.take(srv.main_pid, extra), procs.box_busy(), time.monotonic())
+        end = time.monotonic() + 15.0  # answers still streaming when the window closed finish in this
+        for p in loads:
+            try:
+                out, err = p.communicate(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+                err += "\ngen_load.py did not end within 15 s of its window"
+            if p.returncode == 0 and out.strip():
+                results.append(json.loads(out))
+            else:
+                errors.append(err.strip()[-300:])
+    finally:
+        for p in loads:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     (logs / f"{srv.label}_{sc.name}.gen.log".replace(" ", "_").replace("=", "")).write_text(
         point["command"] + "\n" + json.dumps(results)[:20000] + "\n" + "\n".join(errors))
     if errors or not results:
         point["error"] = (errors or ["no client answered"])[0]
+        point["server_log_tail"] = harness.log_tail(srv.log, 12)
         return point
     ttft = sorted(v for r in results for v in (r.get("ttft_samples_ms") or []))
     pick = lambda q: ttft[min(len(ttft) - 1, round(q * (len(ttft) - 1)))] if ttft else None  # noqa: E731
@@ -361,9 +384,6 @@ def gen_point(srv: harness.Server, sc: Scenario, route_port: int, route: str, cl
                  errors=sum(r["errors"] for r in results), first_error=next((r["first_error"] for r in results if r["first_error"]), None))
     cpu, changed = procs.cpu_between(before[0], after[0])
     dt = after[2] - before[2]
-    per_token = _per_request(cpu, tokens * dt)  # µs per token
-    point.update(window_s=round(dt, 2), box_busy=round((after[1][0] - before[1][0]) / max(1, after[1][1] - before[1][1]), 3),
-                 cpu_us_per_token=per_token, processes_changed=changed,
-                 cores={k: round(v.seconds / dt, 2) for k, v in cpu.items()},
-                 front_cores_each=[round(s / dt, 2) for s in cpu.get(procs.FRONT, procs.KindCpu()).per_process])
+    point.update(window_s=round(dt, 2), cpu_us_per_token=_per_request(cpu, tokens * dt), processes_changed=changed,
+                 **_shares(cpu, before[1], after[1], dt))
     return point
