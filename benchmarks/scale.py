@@ -260,6 +260,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-variant", dest="variant", action="store_false", help="no second try of a gRPC stall")
     ap.add_argument("--perf-dir", help="folder with perf_analyzer and its libraries (default: benchmarks/.peers)")
     ap.add_argument("--triton-root", help="unpacked pack-triton.sh folder (default: benchmarks/.peers)")
+    ap.add_argument("--triton-venv", help="a venv with numpy 1.x for the packed Triton's Python-backend stub")
     ap.add_argument("--out", default=str(HERE / "results" / "scale"))
     args = ap.parse_args(argv)
     args.instances = args.instances or (2 if args.dry_run else 8)
@@ -288,7 +289,7 @@ def main(argv=None) -> int:
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     cpus = len(os.sched_getaffinity(0))
-    tools = sr.find_tools(args.perf_dir, args.triton_root)
+    tools = sr.find_tools(args.perf_dir, args.triton_root, args.triton_venv)
     flag = sr.kernel_has_front_processes(sr.kernel_python())
     notes = list(tools.notes)
     if not flag:
@@ -299,7 +300,7 @@ def main(argv=None) -> int:
     notes += [
         f"{cpus} CPUs; each model with {args.instances} CPU instances; perf_analyzer `--measurement-interval "
         f"{args.window_ms} -s 1000 -r 3` (3 windows, the CSV's figures); the server's side read over 2 windows' time "
-        "from half a window after the load started.",
+        "from once requests flow (half a window after the load started at the earliest).",
         "CPU per request: utime+stime from /proc/<pid>/stat of every process of the server, by kind, over the "
         "window, divided by the inferences the server counted in it (statistics extension). `server total` "
         "leaves the load client out. Kernel with one front: the `kernel serve` process is the front.",

@@ -86,7 +86,10 @@ def _libpython_dir() -> str | None:
     return None
 
 
-def find_tools(perf_dir: str | None, triton_root: str | None) -> Tools:
+def find_tools(perf_dir: str | None, triton_root: str | None, triton_venv: str | None = None) -> Tools:
+    """TRITON_VENV: the venv real Triton's Python-backend stub takes its packages from (it finds the
+    first one on PATH; default: the one running this). Triton 2.51's stub needs numpy 1.x there:
+    with numpy 2 it reads a BYTES tensor's length prefixes from the wrong bytes and aborts."""
     import peers
 
     t = Tools()
@@ -101,12 +104,17 @@ def find_tools(perf_dir: str | None, triton_root: str | None) -> Tools:
     if triton_root and Path(triton_root, "pytriton", "tritonserver", "bin", "tritonserver").exists():
         root = Path(triton_root)
         libpy = _libpython_dir()
-        import numpy
-
         t.triton_home = root / "pytriton" / "tritonserver"
         libs = [str(root / "nvidia_pytriton.libs"), libpy or "", perf_dir or ""]
-        t.triton_env = dict(base, LD_LIBRARY_PATH=":".join(filter(None, libs)), PYTHONHOME=sys.base_prefix,
-                            PYTHONPATH=str(Path(numpy.__file__).parent.parent))
+        venv_bin = str(Path(triton_venv, "bin")) if triton_venv else str(Path(sys.executable).parent)
+        t.triton_env = dict(base, LD_LIBRARY_PATH=":".join(filter(None, libs)), PATH=f"{venv_bin}:{base.get('PATH', '')}")
+        t.triton_env.pop("PYTHONHOME", None)
+        if triton_venv is None:
+            import numpy
+
+            if int(numpy.__version__.split(".")[0]) >= 2:
+                t.notes.append(f"real Triton's stub runs with numpy {numpy.__version__}: its BYTES model (tiny_lm) "
+                               "aborts with numpy 2 (scale-check.sh gives it numpy 1.26 when .whl/triton/ has it)")
         if libpy is None:
             t.notes.append(f"libpython{sys.version_info[0]}.{sys.version_info[1]}.so.1.0 not found: "
                            "real Triton's Python-backend stub will not start")
@@ -135,7 +143,8 @@ def kernel_has_front_processes(python: str) -> bool:
 
 
 def kernel_python() -> str:
-    return harness.default_python()
+    """The interpreter running this (scale-check.sh picks it: the image's python3 on a lent machine)."""
+    return sys.executable
 
 
 def start_server(kind: str, fronts: str | None, repo: Path, ports: Ports, logs: Path, tools: Tools,
@@ -249,15 +258,17 @@ def _follow(srv: harness.Server, sc: Scenario, pa: subprocess.Popen, point: dict
     t0 = time.monotonic()
     extra = {pa.pid: "client"}
     series, before, after = [], None, None
-    last_n, last_move, stalled = _count(srv, sc.model), time.monotonic(), False
+    first = last_n = _count(srv, sc.model)
+    last_move, stalled = time.monotonic(), False
     last_fronts, last_t = {p: procs.cpu_ticks(p) for p in _fronts(srv)}, 0.0
     while pa.poll() is None and time.monotonic() - t0 < hard:
         time.sleep(0.25 if before is None or after is not None else 0.05)
         now = time.monotonic() - t0
-        if before is None and now >= skip_s:
+        if before is None and now >= skip_s and (n0 := _count(srv, sc.model)) is not None and n0 != first:
+            # the window opens once requests flow (hundreds of connections can take a while to open)
             before = (procs.Snapshot.take(srv.main_pid, extra), _count(srv, sc.model), procs.box_busy(), now)
             point["connections_per_front"] = list(procs.connections_per_process(_fronts(srv), port).values())
-        elif before is not None and after is None and now >= skip_s + span:
+        elif before is not None and after is None and now >= before[3] + span:
             after = (procs.Snapshot.take(srv.main_pid, extra), _count(srv, sc.model), procs.box_busy(), now)
         if len(series) < 2 * now:  # one reading per 0.5 s
             n = _count(srv, sc.model)

@@ -5,12 +5,14 @@
 # tritonclient. Run it here (network), in the repository root, before the device call:
 #
 #     bash scripts/gpu-wheels.sh             # what scripts/gpu-check.sh needs (about 25 MiB)
-#     bash scripts/gpu-wheels.sh --scale     # what scripts/scale-check.sh needs (about 36 MiB): Kernel's
+#     bash scripts/gpu-wheels.sh --scale     # what scripts/scale-check.sh needs (about 52 MiB): Kernel's
 #                                            # runtime wheels the image lacks, perf_analyzer, and real
 #                                            # Triton 2.51 packed by ../shared/bench/pack-triton.sh
-#                                            # into .whl/triton/ (PACK_TRITON names another copy;
+#                                            # with numpy 1.26 for its stub, into .whl/triton/
+#                                            # (PACK_TRITON names another copy of the packer;
 #                                            # TRITON_PY another Python than 3.12, for a dry run here)
-# Both in turn fill one .whl/ for both scripts (about 52 MiB; with the tracked tree under 64 MiB).
+# Both in turn fill one .whl/ for both scripts: about 68 MiB with the tree, over the device tool's
+# 64 MiB, so fill .whl/ for the one script the device call runs.
 #
 # Wheels are for CPython 3.12 on manylinux x86-64, without dependencies (each one is named), at the
 # versions the project's own venv uses; grpcio and protobuf are carried too, so tritonclient's
@@ -62,6 +64,11 @@ if [ "$MODE" = --scale ]; then
   [ -f "$pack" ] || pack=$(git rev-parse --path-format=absolute --git-common-dir)/../../shared/bench/pack-triton.sh
   mkdir -p "$DEST/triton"
   [ -f "$DEST/triton/triton-py$pyv.tar.xz" ] || bash "$pack" "$DEST/triton/triton-py$pyv.tar.xz" "$pyv"
+  # Triton 2.51's Python-backend stub needs numpy 1.x: with numpy 2 (the image has 2.5) it reads a
+  # BYTES tensor's length prefixes from the wrong bytes and aborts (tiny_lm's text input).
+  # scale-check.sh gives the stub a venv of its own with this one (the stub finds a venv on PATH).
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyv" --implementation cp \
+    "${PLATFORMS[@]}" -d "$DEST/triton" numpy==1.26.4
 fi
 du -sh "$DEST"
 ls "$DEST" "$DEST/perf"

@@ -16,9 +16,11 @@
 # With the device tool of this workplace (its machine has 16 cores):
 #   1. In the checkout the device tool sends (the session's own checkout, not a helper's
 #      worktree), fill .whl/ once (network here; git-ignored):  bash scripts/gpu-wheels.sh --scale
-#      About 36 MiB: Kernel's runtime wheels the image lacks (1.2 MiB), perf_analyzer (7.6 MiB with
-#      libcudart 12 and libb64) and real Triton packed by ../shared/bench/pack-triton.sh (27 MiB);
-#      with the tracked tree (about 4 MiB) well under the tool's 64 MiB.
+#      About 52 MiB: Kernel's runtime wheels the image lacks (1.2 MiB), perf_analyzer (7.6 MiB with
+#      libcudart 12 and libb64), real Triton packed by ../shared/bench/pack-triton.sh (26 MiB) and
+#      numpy 1.26 for its Python-backend stub (17 MiB: with the image's numpy 2 the stub aborts on
+#      BYTES tensors); with the tracked tree (about 4 MiB) 56 MiB of the tool's 64 MiB. Only the
+#      py3.12 pack may be in .whl/triton/ (a py3.11 one for a dry run here would not fit).
 #   2. run(command="bash scripts/scale-check.sh", carry=[".whl"], timeout_s=540)
 #      About 6-7 minutes (the measuring stops starting points at 7 minutes); files back in $OUT:
 #      scale-check.txt (this log), scale.md, scale.json, scale-logs.tar.gz. give_back() afterwards.
@@ -72,6 +74,14 @@ if [ -f ".whl/triton/triton-py$PYV.tar.xz" ]; then
   mkdir -p "$TMP/triton"
   if tar -xJf ".whl/triton/triton-py$PYV.tar.xz" -C "$TMP/triton"; then ARGS+=(--triton-root "$TMP/triton")
   else say "scale-check: unpacking .whl/triton/triton-py$PYV.tar.xz failed"; fi
+  # Triton's Python-backend stub finds its packages through a venv on PATH; numpy 1.x in it (see gpu-wheels.sh)
+  np=$(ls .whl/triton/numpy-1.*-cp${PYV/./}-*.whl 2>/dev/null | head -1)
+  if [ -n "$np" ] && "$PY" -m venv --without-pip "$TMP/stubenv" >> "$LOG" 2>&1 \
+     && "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$TMP/stubenv/lib/python$PYV/site-packages" "$np" >> "$LOG" 2>&1; then
+    ARGS+=(--triton-venv "$TMP/stubenv")
+  else
+    say "scale-check: no numpy 1.x for real Triton's stub (.whl/triton/numpy-1.*-cp${PYV/./}-*.whl): its BYTES model (tiny_lm) will fail with numpy $("$PY" -c 'import numpy; print(numpy.__version__)')"
+  fi
 else
   say "scale-check: no .whl/triton/triton-py$PYV.tar.xz (this python is $PYV; carried: $(ls .whl/triton 2>/dev/null | tr '\n' ' ')): benchmarks/.peers or no Triton"
 fi
