@@ -146,6 +146,11 @@ def markdown(args, med: dict, points: list[dict], flag: bool, meta: dict) -> str
              f"`--measurement-interval {args.window_ms} -s 1000 -r 3`, {args.rounds} round(s), medians; load average "
              f"{meta['load']}. CPU per request: utime+stime of each process (/proc/<pid>/stat) over two windows "
              "inside the load, divided by the inferences the server counted meanwhile (benchmarks/scale_run.py).", ""]
+    load = meta.get("load", "")
+    if load.startswith("median ") and float(load.split()[1].rstrip(",")) > 2 * (os.cpu_count() or 1):
+        lines += [f"**The box was busy with other work** (load {load} on {os.cpu_count()} CPUs): contention (caches, "
+                  "scheduler) inflates CPU per request, so the first prediction table is pessimistic; the scaled one "
+                  "divides that out as far as it hits every process alike. Rerun on a quiet box.", ""]
     if not flag:
         lines += ["**This Kernel has no `--front-processes` yet**: only one front is measured; the N >= 2 rows below "
                   "assume a second front adds nothing per request. Rerun once the flag has landed.", ""]
