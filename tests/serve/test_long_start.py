@@ -13,6 +13,7 @@ whose only model spends two minutes in initialize():
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -69,6 +70,42 @@ def test_a_signal_during_a_long_load_stops_the_server_within_seconds(start_kerne
     assert "Started HTTPService" not in log  # it never served
     assert "successfully loaded" not in log and "successfully unloaded" not in log
     assert "Traceback" not in log
+
+
+# Makes the front's import of kernel.serve.compose (part of building the server, before anything
+# listens) take 30 s, as a very busy box stretches the real imports; it says when it starts.
+SLOW_IMPORT = """
+import sys, time
+
+class SlowCompose:
+    def find_spec(self, name, path=None, target=None):
+        if name == "kernel.serve.compose":
+            sys.stderr.write("slow import of kernel.serve.compose started\\n")
+            sys.stderr.flush()
+            time.sleep(30)
+        return None
+
+sys.meta_path.insert(0, SlowCompose())
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_server_is_built_stops_it_at_once(start_kernel, tmp_path, sig):
+    """The front imports and builds the server on the event loop's thread, where the loop sees no
+    signal: a Ctrl-C there used to wait for the imports to end (1.8 s seen on a busy box)."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(SLOW_IMPORT)
+    path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH", "")) if p)
+    k = start_kernel([REPO], env={"PYTHONPATH": path})
+    assert k.wait_for_log("slow import of kernel.serve.compose started", timeout=60), k.log()
+    sent = time.monotonic()
+    k.proc.send_signal(sig)
+    assert k.wait_exit(40) == 0, k.log()
+    took = time.monotonic() - sent
+    assert took < 3.0, f"stopped {took:.1f} s after the signal"
+    log = k.log()
+    assert f"Received signal {int(sig)} ({sig.name}), shutting down" in log
+    assert "Traceback" not in log and "listening at" not in log and "loading:" not in log
 
 
 @pytest.mark.parametrize("service, flag, address, extra", [
