@@ -154,3 +154,42 @@ def test_started_lines_follow_the_model_table(start_kernel):
     started = [i for i, line in enumerate(lines) if re.search(r'"Started (HTTPService|GRPCInferenceService|'
                                                                  r'Metrics Service) at ', line)]
     assert len(started) == 3 and min(started) > table, "\n".join(lines)
+
+
+SLOWISH = """
+import os, time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.Logger.log_info(f"slowish initializing in pid {os.getpid()}")
+        time.sleep(4)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+"""
+
+
+def test_repository_calls_wait_for_the_start_up_load_of_their_model(start_kernel, tmp_path):
+    """Explicit mode: Kernel listens while --load-model models load, so the repository API can be
+    called meanwhile. An unload of a model still loading at start-up waits for that load and then
+    unloads it (it used to answer at once, and the start-up load then left the model READY)."""
+    folder = tmp_path / "repo" / "slowish"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text((REPO / "long_init" / "config.pbtxt").read_text().replace("long_init", "slowish"))
+    (folder / "1" / "model.py").write_text(SLOWISH)
+    k = start_kernel([tmp_path / "repo"], "--model-control-mode=explicit", "--load-model=slowish")
+    assert k.wait_for_log("slowish initializing in pid", timeout=60), k.log()
+    base = f"http://{k.url}"
+    request = urllib.request.Request(f"{base}/v2/repository/models/slowish/unload", data=b"", method="POST")
+    sent = time.monotonic()
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.status == 200
+    assert time.monotonic() - sent > 1.0, "answered while the start-up load still ran"
+    for _ in range(3):  # and it stays unloaded
+        assert status(f"{base}/v2/models/slowish/ready") == 400
+        time.sleep(0.5)
+    assert "successfully loaded 'slowish'" in k.log()  # the start-up load ended first
+    assert k.stop(20) == 0
