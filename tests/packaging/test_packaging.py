@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -13,6 +13,11 @@ import pytest
 import tritonclient.http as httpclient
 
 from conftest import EXAMPLES, ROOT, KernelProcess, copy_model, running
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (pyproject allows it): tomli, in the test extra there
+    import tomli as tomllib
 
 
 BUILD_OUTPUT: list[str] = []  # what building the wheel printed
@@ -83,6 +88,53 @@ def test_every_package_folder_is_listed_in_pyproject():
     data = {"kernel.backends.python_based"}
     assert listed - found == data
     assert not list((ROOT / "backends" / "python_based").rglob("*.py"))
+
+
+# Standard-library modules newer than the oldest Python pyproject allows (3.10), by the version
+# that brought them: an unguarded import of one fails the whole module there.
+_NEWER_STDLIB = {"tomllib": (3, 11)}
+
+
+def _guarded(node, parents) -> bool:
+    """Whether an import sits in a try whose handlers catch ModuleNotFoundError or ImportError."""
+    for parent in parents:
+        if isinstance(parent, ast.Try) and any(node in ast.walk(stmt) for stmt in parent.body):
+            for handler in parent.handlers:
+                names = [n.id for n in ast.walk(handler.type) if isinstance(n, ast.Name)] if handler.type else ["*"]
+                if {"ModuleNotFoundError", "ImportError", "*"} & set(names):
+                    return True
+    return False
+
+
+def test_code_and_tests_import_nothing_newer_than_the_oldest_supported_python():
+    oldest = tuple(int(p) for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+                   .removeprefix(">=").split("."))
+    found = []
+    for folder in ("kernel", "transports", "backends", "triton_python_backend_utils", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            try:
+                tree = ast.parse(path.read_text())
+            except SyntaxError:  # tests/models/bad/syntax_error, on purpose
+                continue
+            parents = {}
+            for parent in ast.walk(tree):
+                for child in ast.iter_child_nodes(parent):
+                    parents[child] = parent
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    modules = [a.name.split(".")[0] for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    modules = [node.module.split(".")[0]]
+                else:
+                    continue
+                chain, up = [], parents.get(node)
+                while up is not None:
+                    chain.append(up)
+                    up = parents.get(up)
+                for module in modules:
+                    if _NEWER_STDLIB.get(module, (0,)) > oldest and not _guarded(node, chain):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
+    assert not found, found
 
 
 def test_a_working_directory_with_kernel_py_and_backends_does_not_shadow_kernel(tmp_path):
