@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
+import time
 import sys
 import zipfile
 from pathlib import Path
@@ -54,6 +56,27 @@ def test_make_serve_installs_the_runtime_only_with_progress(tmp_path):
     installs = [line for line in make_dry_run("serve", tmp_path).splitlines() if " pip " in line and " install " in line]
     assert installs and all(line.rstrip().endswith("install -e .") for line in installs), installs
     assert not [line for line in installs if " -q" in line]
+
+
+def test_make_serve_puts_back_an_editable_install_that_pip_replaced(tmp_path):
+    """`pip install '.[openai]'` in the clone (without -e) replaced the editable install with a copy,
+    and make serve's stamp never put it back: make now redoes the install when .venv's `kernel` is
+    not the clone's. A stand-in interpreter says which it is."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed-runtime"
+    for answer, reinstalls in (("True", False), ("False", True)):
+        python.write_text(f"#!/bin/sh\necho {answer}\n")
+        python.chmod(0o755)
+        stamp.touch()
+        later = time.time() + 3600  # newer than pyproject.toml, so only the check can redo it
+        os.utime(stamp, (later, later))
+        done = subprocess.run(["make", "-n", "serve", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        installs = [line for line in done.stdout.splitlines() if " pip " in line and line.rstrip().endswith("install -e .")]
+        assert bool(installs) is reinstalls, (answer, done.stdout)
 
 
 def test_make_test_adds_the_test_extras(tmp_path):
