@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import EXAMPLES, ROOT, KernelProcess, free_port
+from conftest import EXAMPLES, ROOT, KernelProcess, absolute_imports, free_port
 
 try:
     import tomllib
@@ -37,19 +37,12 @@ def test_the_client_imports_only_what_the_image_installs():
     installed = {_requirement_name(r) for r in project["dependencies"] + project["optional-dependencies"]["openai"]}
     providers = importlib.metadata.packages_distributions()
     outside = []
-    for node in ast.walk(ast.parse(CLIENT.read_text())):
-        if isinstance(node, ast.Import):
-            names = [a.name.split(".")[0] for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names = [node.module.split(".")[0]]
-        else:
+    for _, name in absolute_imports(ast.parse(CLIENT.read_text())):
+        if name in sys.stdlib_module_names or name == "__future__":
             continue
-        for name in names:
-            if name in sys.stdlib_module_names or name == "__future__":
-                continue
-            dists = {d.lower().replace("_", "-") for d in providers.get(name, [])}
-            if not dists & installed:
-                outside.append((name, sorted(dists)))
+        dists = {d.lower().replace("_", "-") for d in providers.get(name, [])}
+        if not dists & installed:
+            outside.append((name, sorted(dists)))
     assert not outside, f"smoke_client.py imports what the image does not have: {outside}"
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLES, ROOT, KernelProcess, copy_model, running
+from conftest import EXAMPLES, ROOT, KernelProcess, absolute_imports, copy_model, running
 
 try:
     import tomllib
@@ -143,20 +143,15 @@ def test_code_and_tests_import_nothing_newer_than_the_oldest_supported_python():
             for parent in ast.walk(tree):
                 for child in ast.iter_child_nodes(parent):
                     parents[child] = parent
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    modules = [a.name.split(".")[0] for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                    modules = [node.module.split(".")[0]]
-                else:
+            for node, module in absolute_imports(tree):
+                if _NEWER_STDLIB.get(module, (0,)) <= oldest:
                     continue
                 chain, up = [], parents.get(node)
                 while up is not None:
                     chain.append(up)
                     up = parents.get(up)
-                for module in modules:
-                    if _NEWER_STDLIB.get(module, (0,)) > oldest and not _guarded(node, chain):
-                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
+                if not _guarded(node, chain):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
     assert not found, found
 
 
