@@ -17,6 +17,16 @@ BENCH_STAMP   := $(VENV)/.installed-bench
 
 .PHONY: serve test bench clean peer-check
 
+# A plain `pip install '.[extra]'` (without -e) into .venv replaces the editable install with a copy
+# of the clone, which the stamps alone never notice: when .venv's `kernel` is not this clone's
+# kernel/ folder, the runtime stamp goes and the editable install is redone (the test and bench
+# stamps follow it).
+ifneq ($(wildcard $(RUNTIME_STAMP)),)
+ifneq ($(shell $(PY) -c "import importlib.util as u, os; s = u.find_spec('kernel'); print(s is not None and os.path.realpath(s.origin) == os.path.realpath('kernel/__init__.py'))" 2>/dev/null),True)
+$(shell rm -f $(RUNTIME_STAMP))
+endif
+endif
+
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 

@@ -28,7 +28,6 @@ import platform
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -86,21 +85,10 @@ def start_triton_cached(repo: Path, ports: list[int], out: Path, cache_bytes: in
         f"--model-repository={shlex.quote(str(repo))} --cache-config=local,size={cache_bytes} "
         f"--http-port={ports[0]} --grpc-port={ports[1]} --metrics-port={ports[2]} --log-verbose=0"
     )
-    t0 = time.monotonic()
-    with open(srv.log, "wb") as logf:
-        # Not the project root: its triton_python_backend_utils/ (Kernel's shim) would shadow the
-        # real one inside Triton's Python-backend stub.
-        srv.popen = subprocess.Popen(["bash", "-c", script], cwd=out, stdout=logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-    srv.pgid = srv.main_pid = srv.popen.pid
-    while not srv.ready():
-        if srv.popen.poll() is not None or time.monotonic() - t0 > 120:
-            srv.stop()
-            raise harness.BenchError(f"real Triton did not become ready\n{harness.log_tail(srv.log)}")
-        time.sleep(0.1)
-    srv.startup_s = time.monotonic() - t0
-    srv.fetch_metadata()
-    return srv
+    # Not the project root: its triton_python_backend_utils/ (Kernel's shim) would shadow the real
+    # one inside Triton's Python-backend stub.
+    return harness.launch(srv, ["bash", "-c", script], out, None, 120.0,
+                          lambda code: f"real Triton did not become ready\n{harness.log_tail(srv.log)}")
 
 
 def cache_counts(srv, model: str) -> tuple[int, int, int]:

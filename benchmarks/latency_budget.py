@@ -139,20 +139,11 @@ def request_count(srv) -> int:
 
 
 def server_procs(srv, side: str) -> dict[str, int]:
-    from suite import descendants
+    """kind -> a process of that kind: front (Kernel's `kernel serve`) and worker, or tritonserver
+    and stub (benchmarks/procs.py tells them apart; `side` is kept for the callers)."""
+    from procs import OTHER, classify
 
-    procs = {}
-    for p in descendants(srv.main_pid):
-        try:
-            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if p == srv.main_pid:
-            procs["front" if side == "Kernel" else "tritonserver"] = p
-        elif ("kernel.backends.python.worker" in cmd or "kernel.backends.python.standby" in cmd
-              or "triton_python_backend_stub" in cmd):  # a worker that started as a standby names that module
-            procs["worker" if side == "Kernel" else "stub"] = p
-    return procs
+    return {kind: pid for pid, kind in classify(srv.main_pid).items() if kind != OTHER}
 
 
 CLIENT_PREFIX: list[str] = []  # ["taskset", "-c", CPUS] with --pin
@@ -160,7 +151,7 @@ CLIENT_PREFIX: list[str] = []  # ["taskset", "-c", CPUS] with --pin
 
 def pin_server(root_pid: int, cpus: set[int]) -> int:
     """Every thread of the server and its descendants onto CPUS; returns how many threads."""
-    from suite import descendants
+    from procs import descendants
 
     n = 0
     for pid in descendants(root_pid):

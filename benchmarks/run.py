@@ -211,36 +211,46 @@ def check_ports_free(*ports: int) -> None:
         raise BenchError(f"port(s) {busy} already in use on 127.0.0.1; stop whatever listens there or pick other ports")
 
 
+def launch(srv: Server, cmd: list[str], cwd: Path, env: dict | None, timeout: float,
+           failure: Callable[[int | None], str], paths: tuple = ("/v2/health/ready",)) -> Server:
+    """Start CMD as SRV in a session of its own (the server and its model processes are one group
+    to stop), output into srv.log, and wait until every HTTP path of PATHS answers 200, in order.
+    startup_s is the time from spawn to ready. If it exits first or is not ready within TIMEOUT
+    seconds, it is stopped and BenchError says failure(exit code, or None for the timeout)."""
+    t0 = time.monotonic()
+    with open(srv.log, "wb") as logf:
+        srv.popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+    srv.pgid = srv.main_pid = srv.popen.pid
+    pending = list(paths)
+    while pending:
+        if http_get(f"http://127.0.0.1:{srv.http_port}{pending[0]}")[0] == 200:
+            pending.pop(0)
+            continue
+        if srv.popen.poll() is not None or time.monotonic() - t0 > timeout:
+            code = srv.popen.poll()
+            srv.stop()
+            raise BenchError(failure(code))
+        time.sleep(0.01)
+    srv.startup_s = time.monotonic() - t0
+    srv.fetch_metadata()
+    return srv
+
+
 def start_triton(repo: Path, ports: list[int], out: Path, timeout: float = 120.0) -> Server:
     """Real Triton (benchmarks/peers.py's venv, installed on first use) on REPO; returns once
     GET /v2/health/ready answers 200. startup_s is the time from spawn to ready."""
     peers.ensure()
     srv = Server("Triton", *ports, log=out / "triton.log")
     check_ports_free(*ports)
-    cmd = peers.tritonserver_cmd(repo, *ports)
-    t0 = time.monotonic()
-    logf = open(srv.log, "wb")
-    try:
-        # Not the project root as working directory: its triton_python_backend_utils/ (Kernel's shim)
-        # would shadow the real one inside Triton's Python-backend stub and every model would fail
-        # to load. A fresh session makes tritonserver and its stubs one process group to stop.
-        srv.popen = subprocess.Popen(cmd, cwd=out, env=peers.env(), stdout=logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-    finally:
-        logf.close()
-    srv.pgid = srv.main_pid = srv.popen.pid
-    while not srv.ready():
-        if srv.popen.poll() is not None:
-            code = srv.popen.returncode
-            srv.stop()
-            raise BenchError(f"real Triton exited with code {code} before becoming ready\n{log_tail(srv.log)}")
-        if time.monotonic() - t0 > timeout:
-            srv.stop()
-            raise BenchError(f"real Triton did not become ready in {timeout:.0f} s\n{log_tail(srv.log)}")
-        time.sleep(0.01)
-    srv.startup_s = time.monotonic() - t0
-    srv.fetch_metadata()
-    return srv
+
+    def failure(code):
+        what = f"exited with code {code} before becoming ready" if code is not None else f"did not become ready in {timeout:.0f} s"
+        return f"real Triton {what}\n{log_tail(srv.log)}"
+
+    # Not the project root as working directory: its triton_python_backend_utils/ (Kernel's shim)
+    # would shadow the real one inside Triton's Python-backend stub and every model would fail to load.
+    return launch(srv, peers.tritonserver_cmd(repo, *ports), out, peers.env(), timeout, failure)
 
 
 def kernel_command(args, repo: Path, ports: list[int], log: Path) -> tuple[list[str], str]:
@@ -262,6 +272,7 @@ def kernel_command(args, repo: Path, ports: list[int], log: Path) -> tuple[list[
         "--http-port", str(ports[0]),
         "--grpc-port", str(ports[1]),
         "--metrics-port", str(ports[2]),
+        *getattr(args, "kernel_args", ()),  # suite.py --kernel-arg, e.g. --front-processes 1
     ]  # fmt: skip
     return cmd, shlex.join(cmd)
 
@@ -275,36 +286,13 @@ def start_kernel(args, repo: Path, ports: list[int], out: Path) -> tuple[Server,
     srv = Server(args.kernel_label, *ports, log=out / "kernel.log")
     check_ports_free(*ports)
     cmd, printable = kernel_command(args, repo, ports, srv.log)
-    t0 = time.monotonic()
-    logf = open(srv.log, "wb")
-    try:
-        srv.popen = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-    finally:
-        logf.close()
-    srv.pgid = srv.main_pid = srv.popen.pid
-    deadline = t0 + args.kernel_start_timeout
-    while True:
-        if srv.ready():
-            break
-        if srv.popen.poll() is not None:
-            code = srv.popen.returncode
-            srv.stop()
-            raise BenchError(
-                f"{srv.label} exited with code {code} before becoming ready.\ncommand: {printable}\n"
-                f"--- last lines of {srv.log} ---\n{log_tail(srv.log)}"
-            )
-        if time.monotonic() > deadline:
-            srv.stop()
-            raise BenchError(
-                f"{srv.label} was not ready (GET /v2/health/ready != 200) within {args.kernel_start_timeout:.0f} s.\n"
-                f"command: {printable}\n--- last lines of {srv.log} ---\n{log_tail(srv.log)}"
-            )
-        time.sleep(0.01)
-    srv.startup_s = time.monotonic() - t0
-    srv.fetch_metadata()
-    return srv, printable
+
+    def failure(code):
+        what = (f"exited with code {code} before becoming ready." if code is not None else
+                f"was not ready (GET /v2/health/ready != 200) within {args.kernel_start_timeout:.0f} s.")
+        return f"{srv.label} {what}\ncommand: {printable}\n--- last lines of {srv.log} ---\n{log_tail(srv.log)}"
+
+    return launch(srv, cmd, ROOT, None, args.kernel_start_timeout, failure), printable
 
 
 # --------------------------------------------------------------------------- perf_analyzer

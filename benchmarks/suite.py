@@ -47,6 +47,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 import peers  # noqa: E402
 import run as harness  # noqa: E402  (server start/stop, CSV parsing)
+from procs import descendants  # noqa: E402
 
 REPO = HERE / "model_repo_suite"
 MODELS = ["add_sub", "add_sub_batched", "identity_fp32", "repeat_int32"]
@@ -129,27 +130,6 @@ class Sample:
 
 
 # --------------------------------------------------------------------------- measuring
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if fields and fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
 
 
 def memory_of(pid: int) -> dict:
@@ -242,7 +222,8 @@ def run_perf(srv, sc: Scenario, args, logs: Path, rnd: int) -> Sample:
 def start(side: str, args, logs: Path):
     if side == "Triton":
         return harness.start_triton(REPO, args.triton_ports, logs, timeout=args.start_timeout)
-    ns = SimpleNamespace(kernel_cmd=None, kernel_label="Kernel", kernel_start_timeout=args.start_timeout)
+    ns = SimpleNamespace(kernel_cmd=None, kernel_label="Kernel", kernel_start_timeout=args.start_timeout,
+                         kernel_args=args.kernel_arg)
     return harness.start_kernel(ns, REPO, args.kernel_ports, logs)[0]
 
 
@@ -502,6 +483,9 @@ def parse_args(argv=None):
     ap.add_argument("--kernel-ports", type=int, nargs=3, default=[28200, 28201, 28202])
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--note", action="append", default=[], help="a line to add under the table (repeatable)")
+    ap.add_argument("--kernel-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for `kernel serve` (repeatable; e.g. --kernel-arg=--front-processes "
+                         "--kernel-arg=1 to compare with the default front count)")
     ap.add_argument("--list", action="store_true", help="print scenarios and groups, then exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -585,6 +569,7 @@ def main(argv=None) -> int:
         "peers": {"packages": peers.PACKAGES, "venv": str(peers.DEFAULT_DIR)},
         "servers": SERVER_META,
         "settings": {"rounds": args.rounds, "quick": args.quick, "duration_ms": args.duration_ms,
+                     "kernel_args": args.kernel_arg,
                      "stability_percentage": args.stability_percentage, "max_trials": args.max_trials,
                      "settle_s": args.settle_s, "order": "alternating: odd rounds Triton first, even rounds Kernel first"},
         "loadavg_1m": {"min": min(loads), "max": max(loads)} if loads else None,
@@ -609,7 +594,7 @@ def main(argv=None) -> int:
         f"Command: `{meta['command']}` ({meta['wall_s'] / 60:.0f} min). Servers: real Triton "
         f"{SERVER_META.get('Triton', {}).get('version', '')} from the `nvidia-pytriton==0.7.0` wheel and perf_analyzer "
         "from `tritonclient[all]==2.50.0`, installed by `benchmarks/peers.py`; Kernel from this tree "
-        "(`kernel serve --model-repository benchmarks/model_repo_suite`).",
+        f"(`kernel serve --model-repository benchmarks/model_repo_suite{''.join(' ' + a for a in args.kernel_arg)}`).",
         f"{os.cpu_count()} CPUs, loopback, one server at a time; both servers load the same four models "
         "(`benchmarks/model_repo_suite/`). Rounds alternate the order of the servers.",
         "Cells: median over rounds (min–max). Ratio: Kernel median / Triton median, with the min–max of per-round "

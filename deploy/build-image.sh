@@ -110,11 +110,13 @@ else
     for minor in $(seq 17 "${GLIBC#*.}"); do platforms+=(--platform "manylinux_2_${minor}_${arch}"); done
     platforms+=(--platform "manylinux2014_${arch}")
     [ "$arch" = x86_64 ] && platforms+=(--platform manylinux2010_x86_64 --platform manylinux1_x86_64)
-    # the install's requirements: Kernel's dependencies and its build system (pyproject.toml)
+    # the install's requirements: Kernel's dependencies, the `openai` extra the image installs
+    # (jinja2, for chat templates) and its build system (pyproject.toml)
     "$PYTHON" - "$ctx/pyproject.toml" > "$ctx/.requirements.txt" <<'EOF'
 import sys, tomllib
 d = tomllib.load(open(sys.argv[1], "rb"))
-print("\n".join(d["build-system"]["requires"] + d["project"]["dependencies"]))
+print("\n".join(d["build-system"]["requires"] + d["project"]["dependencies"]
+                + d["project"]["optional-dependencies"]["openai"]))
 EOF
     "$PYTHON" -m pip download --quiet --dest "$ctx/.wheels" --only-binary=:all: \
         --implementation cp --python-version "$PYVER" --abi "cp${PYVER/./}" "${platforms[@]}" \

@@ -3,6 +3,13 @@
 # options; prints bash assignments for eval: GLOBAL_OPTS=(...) RUN_OPTS=(...) CAN_RUN=yes|no.
 # Each failed attempt is reported on stderr with the exact command and error.
 #
+# podman-opts.sh --run-flags [IMAGE]   (IMAGE: localhost/kernel:latest by default)
+#   prints only the options `podman run` needs here, for a command line:
+#     podman run --rm $(deploy/podman-opts.sh --run-flags) -p 8000-8003:8000-8003 ... localhost/kernel:latest
+#   nothing where podman's defaults work (rootless podman, or root with CAP_SYS_RESOURCE), the two
+#   --ulimit flags below where they do not; says on stderr only when nothing works (or a global
+#   option such as --runtime runc is needed, which cannot follow `run`).
+#
 # Tried in order:
 #   1. podman run --rm IMAGE true                                     (podman's defaults)
 #   2. + --ulimit nofile=H:H --ulimit nproc=N:N                       rootful podman asks for rlimits
@@ -11,7 +18,9 @@
 #   3. + podman --runtime runc                                        crun refuses hosts whose
 #      cgroup v2 hierarchy holds controllers beside cgroup v1 ("cgroups in hybrid mode not supported")
 set -uo pipefail
-IMAGE="${1:?usage: podman-opts.sh IMAGE}"
+FLAGS=0
+if [ "${1:-}" = --run-flags ]; then FLAGS=1; shift; set -- "${1:-localhost/kernel:latest}"; fi
+IMAGE="${1:?usage: podman-opts.sh IMAGE | --run-flags [IMAGE]}"
 
 hn="$(ulimit -Hn)"; hu="$(ulimit -Hu)"
 [ "$hn" = unlimited ] && hn=1048576
@@ -40,10 +49,24 @@ try() {  # try GLOBAL... -- RUN...
     fi
     # (podman 4.3 without systemd also complains about HEALTHCHECK timers; not the failure)
     err="$(grep -v "unable to get systemd connection" <<< "$err")"
-    echo "podman-opts: 'podman ${g[*]} run --rm ${r[*]} $IMAGE true' failed: $err" >&2
+    FAILURES+=("podman-opts: 'podman ${g[*]} run --rm ${r[*]} $IMAGE true' failed: $err")
+    [ "$FLAGS" = 1 ] || echo "${FAILURES[-1]}" >&2
     return 1
 }
 
+FAILURES=()
+if [ "$FLAGS" = 1 ]; then  # the run options alone, on one line
+    if try --; then exit 0; fi
+    if try -- "${ULIMITS[@]}"; then echo "${ULIMITS[*]}"; exit 0; fi
+    printf '%s\n' "${FAILURES[@]}" >&2
+    if command -v runc > /dev/null && try --runtime runc -- "${ULIMITS[@]}"; then
+        echo "podman-opts: podman needs the global option --runtime runc here: podman --runtime runc run ..." >&2
+        echo "${ULIMITS[*]}"
+        exit 0
+    fi
+    echo "podman-opts: this machine cannot run containers with podman" >&2
+    exit 1
+fi
 if try --; then emit yes --; exit 0; fi
 if try -- "${ULIMITS[@]}"; then emit yes -- "${ULIMITS[@]}"; exit 0; fi
 if command -v runc > /dev/null; then

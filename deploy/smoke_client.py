@@ -1,8 +1,12 @@
-"""The client half of deploy/smoke-test.sh (runs on the host, needs tritonclient and numpy).
+"""The client half of deploy/smoke-test.sh. It needs only what the image itself has (Kernel's runtime:
+numpy, tritonclient), so smoke-test.sh runs it inside the image (`podman run --network=host IMAGE
+python smoke_client.py ...`), on a machine where nothing else was installed (no `make serve` venv).
 
     smoke_client.py wait URL [TIMEOUT]                 poll until URL answers 200; print the seconds taken
     smoke_client.py kserve HTTP_PORT GRPC_PORT METRICS_PORT   add_sub over HTTP and gRPC, metadata, metrics
-    smoke_client.py drain HTTP_PORT PID_FILE_CMD...    one slow request in flight, then SIGTERM (see drain())
+    smoke_client.py openai PORT                        a streamed chat (tiny_lm) and a chat template (echo_chat)
+    smoke_client.py drain HTTP_PORT                    a slow request in flight; prints "in flight", the
+                                                       caller sends SIGTERM; readiness must drop, the request finish
     smoke_client.py sagemaker PORT                     /ping and /invocations on add_sub
     smoke_client.py vertex PORT HEALTH PREDICT         AIP_HEALTH_ROUTE and AIP_PREDICT_ROUTE on add_sub
 Each check prints one line; any failure raises (exit status 1).
@@ -11,7 +15,6 @@ Each check prints one line; any failure raises (exit status 1).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -99,9 +102,9 @@ def kserve(http_port: str, grpc_port: str, metrics_port: str) -> None:
     print(f"metrics :{metrics_port}: " + "; ".join(ln for ln in lines if 'model="add_sub"' in ln))
 
 
-def drain(http_port: str, *signal_cmd: str) -> None:
-    """A request to model `slow` (sleeps 3 s) is in flight when SIGTERM arrives: it must finish with 200,
-    while /v2/health/ready stops answering 200 at once."""
+def drain(http_port: str) -> None:
+    """A request to model `slow` (sleeps 3 s) is in flight when the caller sends SIGTERM (on seeing
+    "in flight"): it must finish with 200, and /v2/health/ready must stop answering 200 meanwhile."""
     base = f"http://127.0.0.1:{http_port}"
     body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32", "data": [7]}]}
     result: dict = {}
@@ -117,21 +120,61 @@ def drain(http_port: str, *signal_cmd: str) -> None:
     t = threading.Thread(target=in_flight)
     t.start()
     time.sleep(1.0)
-    sent = time.monotonic()
-    subprocess.run(list(signal_cmd), check=True)
-    print(f"SIGTERM sent with an in-flight request: {' '.join(signal_cmd)}")
-    time.sleep(0.3)
-    try:
-        ready = get(f"{base}/v2/health/ready", timeout=2)[0]
-    except (urllib.error.URLError, OSError) as e:
-        ready = f"connection failed ({getattr(e, 'reason', e)})"
-    print(f"/v2/health/ready 0.3 s after SIGTERM: {ready}")
-    assert ready != 200, "still ready after SIGTERM"
+    print("in flight: a 3 s request to model slow; send SIGTERM now", flush=True)
+    marked = time.monotonic()
+    ready = 200
+    while ready == 200 and time.monotonic() - marked < 10:  # the caller's signal takes a moment to come
+        time.sleep(0.05)
+        try:
+            ready = get(f"{base}/v2/health/ready", timeout=2)[0]
+        except (urllib.error.URLError, OSError) as e:
+            ready = f"connection failed ({getattr(e, 'reason', e)})"
+    print(f"/v2/health/ready {time.monotonic() - marked:.2f} s after 'in flight': {ready}")
+    assert ready != 200, "still ready 10 s after asking for SIGTERM"
     t.join(30)
-    print(f"in-flight request: status {result.get('status')}, took {result.get('took', 0):.2f} s, "
-          f"finished {time.monotonic() - sent:.2f} s after SIGTERM")
+    print(f"in-flight request: status {result.get('status')}, took {result.get('took', 0):.2f} s")
     assert result.get("status") == 200, result
     assert result["body"]["outputs"][0]["data"] == [7], result
+
+
+def chat_stream(port: str, model: str, messages: list, **extra) -> tuple[str, list]:
+    """POST /v1/chat/completions with stream=true, read as server-sent events: (text, finish reasons)."""
+    body = {"model": model, "messages": messages, "stream": True, **extra}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    text, reasons, done = [], [], False
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream"), r.headers
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            for choice in chunk["choices"]:
+                text.append(choice["delta"].get("content") or "")
+                if choice.get("finish_reason"):
+                    reasons.append(choice["finish_reason"])
+    assert done, "the stream did not end with data: [DONE]"
+    return "".join(text), reasons
+
+
+def openai(port: str) -> None:
+    status, body = get(f"http://127.0.0.1:{port}/v1/models")
+    models = sorted(m["id"] for m in json.loads(body)["data"])
+    assert status == 200 and "tiny_lm" in models, (status, body[:300])
+    text, reasons = chat_stream(port, "tiny_lm", [{"role": "user", "content": "Tell me about the river."}],
+                                max_tokens=12, seed=1)
+    assert text.strip() and reasons, (text, reasons)
+    print(f"OpenAI :{port} streamed chat (tiny_lm): {text.strip()!r}, finish_reason {reasons[-1]}")
+    # echo_chat answers with its prompt: its chat_template.jinja rendered (jinja2 in the image)
+    text, _ = chat_stream(port, "echo_chat", [{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": "Hello"}])
+    assert text == "[system] Be brief. [user] Hello [assistant]", text
+    print(f"OpenAI :{port} chat template (echo_chat): {text!r}")
 
 
 def sagemaker(port: str) -> None:
@@ -155,4 +198,4 @@ if __name__ == "__main__":
     if cmd == "wait":
         wait(args[0], float(args[1]) if len(args) > 1 else 120.0)
     else:
-        {"kserve": kserve, "drain": drain, "sagemaker": sagemaker, "vertex": vertex}[cmd](*args)
+        {"kserve": kserve, "openai": openai, "drain": drain, "sagemaker": sagemaker, "vertex": vertex}[cmd](*args)

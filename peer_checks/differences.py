@@ -42,8 +42,23 @@ _MME_INVOKE = (
     "the header, and then both serve the same model)"
 )
 
+_HEALTH_BODIES = (
+    "same status codes; Kernel's health answers carry the KServe v2 (Open Inference Protocol) bodies "
+    "{\"live\": bool}, {\"ready\": bool} and, for a ready model, {\"name\": m, \"ready\": true}, where "
+    "tritonserver 2.51 sends none: KServe's own Python client (kserve 0.21 InferenceRESTClient) decodes them "
+    "and raised JSONDecodeError on Triton's empty ones. tritonclient and perf_analyzer read only the status "
+    "(issue 35, tests/transports/test_health_bodies.py). An unready model keeps Triton's 400 error body"
+)
+
 # case id -> why Kernel answers differently, on purpose
 DIFFERENCES: dict[str, str] = {
+    "health-live": _HEALTH_BODIES,
+    "health-ready": _HEALTH_BODIES,
+    "health-ready-after-failed-loads": _HEALTH_BODIES,
+    "model-ready": _HEALTH_BODIES,
+    "model-ready-version": _HEALTH_BODIES,
+    "model-ready-after-bad-reloads": _HEALTH_BODIES,
+    "vertex-redirect-health-ready": _HEALTH_BODIES,
     "load-unknown-model": _CLIENT_ERRORS,
     "grpc-load-unknown": _CLIENT_ERRORS,
     "load-files-without-config": _CLIENT_ERRORS,

@@ -54,24 +54,10 @@ if [ -n "$why" ]; then
 fi
 
 # ---- 1. what the machine lacks, from carried wheels (no network) -----------------------------------
-SITE=${TMPDIR:-/tmp}/kernel-gpu-site
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    >> "$RESULT" 2>&1 || { say "gpu-check: installing the carried wheels failed (see above)"; exit 1; }
-  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-fi
-# Kernel itself from this checkout: the wheel maps transports/ and backends/ into the kernel package;
-# without an install, two links do the same (removed at exit). Workers drop the current directory
-# from sys.path, so the checkout goes on PYTHONPATH.
-export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
-LINKS=()
-if ! (cd / && "$PY" -c "import kernel.transports.http, kernel.backends.python.worker" >/dev/null 2>&1); then
-  for part in transports backends; do
-    if [ ! -e "kernel/$part" ]; then ln -s "../$part" "kernel/$part"; LINKS+=("kernel/$part"); fi
-  done
-fi
-cleanup() { for l in "${LINKS[@]}"; do rm -f "$l"; done; }
-trap cleanup EXIT
+. scripts/carried.sh
+carried_wheels "$PY" "${TMPDIR:-/tmp}/kernel-gpu-site" "$RESULT" \
+  || { say "gpu-check: installing the carried wheels failed (see above)"; exit 1; }
+kernel_on_path "$PY"
 
 say "gpu-check: $(date -u +%FT%TZ) on $(hostname)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$RESULT"

@@ -272,3 +272,16 @@ def copy_model(src: Path, dest_repo: Path, name: str | None = None) -> Path:
     target = dest_repo / (name or src.name)
     shutil.copytree(src, target)
     return target
+
+
+def absolute_imports(tree):
+    """(node, top-level module) for each absolute import in an ast tree: `import a.b` and `from a.b import c`
+    give `a` (what the packaging tests check against the Python versions and the image's packages)."""
+    import ast
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node, alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node, node.module.split(".")[0]

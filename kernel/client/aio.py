@@ -123,7 +123,7 @@ class AsyncioModelClient(BaseModelClient):
         try:
             await asyncio.wait_for(client.get_model_metadata(self._model_name, self._version), 5.0)
         except InferenceServerException as exc:
-            return failures.model_unavailable(self._label, exc.message())
+            return failures.unknown_after_wait(self._label, exc.message(), timeout_s)
         except TRANSPORT_ERRORS:
             pass
         return failures.model_not_ready(self._label, timeout_s)

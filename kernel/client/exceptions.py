@@ -29,6 +29,13 @@ class PyTritonClientModelUnavailableError(PyTritonClientError):
     """The server has no usable model of this name (and version)."""
 
 
+class PyTritonClientModelNotReadyError(PyTritonClientTimeoutError, PyTritonClientModelUnavailableError):
+    """The model did not become ready within init_timeout_s, and the server does not know it (never
+    there, or unloaded: a RemoteTriton block that bound it has closed). PyTriton 0.7's clients wait for
+    readiness and then raise PyTritonClientTimeoutError, which this is; it is also a
+    PyTritonClientModelUnavailableError, for code that tells the two apart (Kernel only)."""
+
+
 class PyTritonClientClosedError(PyTritonClientError):
     """The client was used after close()."""
 

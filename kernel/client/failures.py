@@ -12,6 +12,7 @@ from tritonclient.utils import InferenceServerException
 from kernel.client.exceptions import (
     PyTritonClientError,
     PyTritonClientInferenceServerError,
+    PyTritonClientModelNotReadyError,
     PyTritonClientModelUnavailableError,
     PyTritonClientTimeoutError,
 )
@@ -46,6 +47,13 @@ def server_not_live(url: str, timeout_s: float) -> PyTritonClientTimeoutError:
 
 def model_unavailable(label: str, server_message: str) -> PyTritonClientModelUnavailableError:
     return PyTritonClientModelUnavailableError(f"Model {label} is unavailable: {server_message}")
+
+
+def unknown_after_wait(label: str, server_message: str, timeout_s: float) -> PyTritonClientModelNotReadyError:
+    """A model the server does not know, after init_timeout_s of waiting: a timeout, as PyTriton raises."""
+    return PyTritonClientModelNotReadyError(
+        f"Model {label} did not become ready within {timeout_s} s: it is unavailable: {server_message}"
+    )
 
 
 def model_not_ready(label: str, timeout_s: float) -> PyTritonClientTimeoutError:

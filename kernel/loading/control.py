@@ -25,6 +25,7 @@ files and config did not change is kept as it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 from dataclasses import dataclass
@@ -129,13 +130,19 @@ class ModelControl:
         prints: dict[str, Optional[Fingerprint]] = {}
         if self.mode is not ControlMode.NONE:
             prints = await asyncio.to_thread(fingerprints, {n: dirs[n] for n in names})
-        await asyncio.gather(*(self.loader.load(dirs[n]) for n in names))
-        if self.mode is not ControlMode.NONE:
+        async with contextlib.AsyncExitStack() as held:
+            # Kernel listens while these load: a repository load or unload of one of them (explicit
+            # mode) waits for its start-up load, as the repository API's own loads wait for each other,
+            # instead of racing it (an unload answered at once, then the start-up load made it READY).
             for name in names:
-                entry = self.server.registry.entries.get(name)
-                serving = entry is not None and entry.latest_ready() is not None
-                fp = prints.get(name)
-                self.tracked[name] = _Tracked(dirs[name].path, fp if serving else None, fp, name in explicit)
+                await held.enter_async_context(self._lock(name))
+            await asyncio.gather(*(self.loader.load(dirs[n]) for n in names))
+            if self.mode is not ControlMode.NONE:
+                for name in names:
+                    entry = self.server.registry.entries.get(name)
+                    serving = entry is not None and entry.latest_ready() is not None
+                    fp = prints.get(name)
+                    self.tracked[name] = _Tracked(dirs[name].path, fp if serving else None, fp, name in explicit)
         return all_found
 
     def start_polling(self) -> None:

@@ -27,7 +27,7 @@ from kernel.serve.flags import (
 )
 from kernel import __version__
 from kernel.observe.log import LOG_FORMATS, LogSettings
-from kernel.serve.startup import expected_workers, run, stop_on_signals
+from kernel.serve.startup import StartupInterrupted, expected_workers, run, signals_interrupt, stop_on_signals
 from kernel.serve import openai_api
 
 # The server itself (kernel.core.server, the config and loading code, numpy, protobuf) is imported
@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="compression of ModelInfer and ModelStreamInfer answers: the level picks gzip or deflate among "
            "the algorithms the client accepts (grpc-accept-encoding)")
     a("--grpc-server", type=choice("--grpc-server", ("native", "grpclib", "grpcio")), default=None,
-      metavar="{native,grpclib,grpcio}", help="Kernel only: the gRPC server implementation (None: native)")
+      metavar="{native,grpclib,grpcio}", help="Kernel only: the gRPC server implementation (default: native)")
 
     a = flag_adder(g["Sagemaker"])
     a("--allow-sagemaker", type=parse_bool, default=False,
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="collect CPU and memory utilisation metrics")
     a("--allow-gpu-metrics", type=parse_bool, default=True,
       help="report nv_gpu_* metrics through NVML where there are GPUs (nvidia-ml-py, the [gpu] extra)")
-    a("--metrics-address", default=None, help="address of the metrics endpoint (None: --http-address, "
+    a("--metrics-address", default=None, help="address of the metrics endpoint (default: --http-address, "
       "or 0.0.0.0 without HTTP)")
     a("--metrics-port", type=parse_int, default=8002, help="port the metrics endpoint listens on")
     a("--metrics-interval-ms", type=parse_float, default=2000.0,
@@ -477,6 +477,8 @@ async def serve(args) -> int:
     await standby.prestart(expected_workers(args))
     try:
         return await _serve(args, stop)
+    except StartupInterrupted:  # stopped while the server was being built: nothing to stop
+        return 0
     finally:
         standby.release()
 
@@ -491,16 +493,17 @@ async def _serve(args, stop: asyncio.Event) -> int:
             log.error("error: creating server: --front-processes %d: %s", fronts, single)
             return 1
         fronts = 1
+    with signals_interrupt(stop):  # the imports below hold the loop; a signal still stops at once
+        server = build_server(args)
+        if fronts > 1:
+            from kernel.serve.fronts.launch import serve_with_fronts
+        remote = None
+        if args.allow_remote_binding:  # PyTriton's remote binding (the callable backend, msgspec, protobuf)
+            from kernel.serve.remote import remote_binding_host
+
+            remote = remote_binding_host(server, args)
     if fronts > 1:
-        from kernel.serve.fronts.launch import serve_with_fronts
-
-        return await serve_with_fronts(args, fronts, stop)
-    server = build_server(args)
-    remote = None
-    if args.allow_remote_binding:  # PyTriton's remote binding (the callable backend, msgspec, protobuf)
-        from kernel.serve.remote import remote_binding_host
-
-        remote = remote_binding_host(server, args)
+        return await serve_with_fronts(server, remote, args, fronts, stop)
     return await run(server, remote, stop)
 
 

@@ -3,7 +3,8 @@ tritonserver has no such flags, Triton's OpenAI frontend is a separate program l
 
 Off unless --openai-port is given. It listens on --openai-address (default: --http-address) and
 shares the KServe HTTP endpoint's limits and restrictions (--http-max-input-size,
---http-max-header-size, --http-header-timeout-secs, --http-body-timeout-secs, --http-restricted-api).
+--http-max-json-output-size, --http-max-header-size, --http-header-timeout-secs,
+--http-body-timeout-secs, --http-restricted-api).
 """
 
 from __future__ import annotations
@@ -41,4 +42,5 @@ def openai_transport(server, args, restricted) -> Optional[object]:
         if allowed and port != 0 and other_port == port and other_address == address:
             raise StartupError(f"The server cannot listen to OpenAI requests and {name} requests "
                                f"at the same address and port {address}:{port}")
-    return OpenAITransport(server, address, port, args.http_max_input_size, restricted)
+    return OpenAITransport(server, address, port, args.http_max_input_size, restricted,
+                           args.http_max_json_output_size)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,8 +21,8 @@ import pytest
 
 try:
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = None
+except ModuleNotFoundError:  # Python 3.10 (pyproject allows it): tomli, in the test extra there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -61,12 +62,7 @@ def exec_form(args: str) -> list[str]:
 
 
 def console_scripts() -> dict:
-    if tomllib is not None:
-        return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    from importlib.metadata import distribution
-
-    return {ep.name: ep.value for ep in distribution("kernel-inference-server").entry_points
-            if ep.group == "console_scripts"}
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
 def test_dockerfile_stages_and_base():
@@ -80,6 +76,7 @@ def test_dockerfile_stages_and_base():
     # Kernel is installed from the context with pip (offline from .wheels/ when PIP_OFFLINE=1)
     run = " ".join(a for k, a in build if k == "RUN")
     assert "pip install" in run and "/src" in run and "--no-index --find-links /src/.wheels" in run
+    assert '"/src[openai]"' in run and "import jinja2" in run  # chat templates work in the image
 
 
 def test_dockerfile_runtime_contract():
@@ -91,10 +88,11 @@ def test_dockerfile_runtime_contract():
     assert user[0].isdigit() and int(user[0]) != 0, "numeric non-root USER (runAsNonRoot can check it)"
     assert exec_form(last["ENTRYPOINT"]) == ["tini", "--"]
     cmd = exec_form(last["CMD"])
-    assert cmd == ["kernel", "serve", "--model-repository", "/models"]
+    # the OpenAI-compatible API on 8003: not 9000, which KServe's runtimes (deploy/kserve too) give gRPC
+    assert cmd == ["kernel", "serve", "--model-repository", "/models", "--openai-port", "8003"]
     assert cmd[0] in console_scripts()
     exposed = {p for k, a in final if k == "EXPOSE" for p in a.split()}
-    assert exposed == {"8000", "8001", "8002", "8080"}
+    assert exposed == {"8000", "8001", "8002", "8003", "8080"}
     hc = last["HEALTHCHECK"]
     assert hc.split(" CMD ")[1] == '["kernel-healthcheck"]' and "--interval=" in hc
     copies = {a.split()[-1]: a.split()[-2] for k, a in final if k == "COPY" and not a.startswith("--from")}
@@ -104,6 +102,25 @@ def test_dockerfile_runtime_contract():
     assert "PATH=/opt/kernel/bin:$PATH" in env
     setup = " ".join(a for k, a in final if k == "RUN")
     assert "tini" in setup and "/models" in setup and "/opt/ml/model" in setup
+
+
+def test_the_images_openai_port_clashes_with_nothing_in_deploy():
+    """Every port deploy/ gives a listener (KServe runtimes, the Helm chart, the autoscaling manifests):
+    the image's OpenAI port is none of them (9000, Triton's OpenAI frontend's, is gRPC in KServe)."""
+    cmd = exec_form({k: a for k, a in stages(DEPLOY / "Dockerfile")[-1]}["CMD"])
+    openai = cmd[cmd.index("--openai-port") + 1]
+    taken = {}
+    for path in [*DEPLOY.glob("kserve/*.yaml"), *DEPLOY.glob("helm/kernel/**/*.yaml"), *DEPLOY.glob("autoscaling/*.yaml")]:
+        text = path.read_text()
+        for flag, port in re.findall(r"--([a-z-]+)-port[= ](\d+)", text):
+            if flag != "openai":
+                taken.setdefault(port, set()).add(f"{path.relative_to(DEPLOY)} --{flag}-port")
+        for port in re.findall(r"(?:containerPort|Port|port): *(\d+)", text):
+            taken.setdefault(port, set()).add(str(path.relative_to(DEPLOY)))
+    assert "9000" in taken and "8000" in taken  # (the search finds the ports it should)
+    assert openai not in taken, taken.get(openai)
+    for path in (DEPLOY / "README.md", DEPLOY / "autoscaling" / "keda-scaledobject.yaml"):
+        assert f"--openai-port={openai}" in path.read_text() and "--openai-port=9000" not in path.read_text(), path
 
 
 def test_sagemaker_serve_runs_the_console_script():

@@ -151,3 +151,50 @@ def test_large_json_request_errors_are_the_small_path_errors(server):
         r = httpx.post(f"http://{server.url}/v2/models/echo/infer", content=bad, timeout=120)
         assert r.status_code == 400, r.text[:300]
         assert r.json()["error"] == message
+
+
+# ---- the generate extension (issue 31): the same bounds on its flat JSON ----------------------------------
+
+
+def test_a_huge_generate_call_does_not_stop_other_clients(server):
+    """A 52 MiB generate body was decoded, flattened and re-encoded on the loop (0.5 s frozen per
+    14 MiB), and its answer written whole there without --http-max-json-output-size. Now both go
+    in pieces beside the loop."""
+    n = 7_000_000
+    values = np.arange(n, dtype=np.int32) - 12345
+    body = b'{"IN":[' + ",".join(map(str, values.tolist())).encode() + b"]}"
+    assert len(body) > 50 * MIB
+
+    def work():
+        return httpx.post(f"http://{server.url}/v2/models/echo/generate", content=body, timeout=300)
+
+    slowest, r = slowest_small_request_while(server, work)
+    assert r.status_code == 200, r.text[:300]
+    # Byte for byte: the numbers as sent, the keys sorted.
+    assert r.content == b'{"OUT":[' + body[len(b'{"IN":['):-2] + b'],"model_name":"echo","model_version":"1"}'
+    assert slowest < 1.0, f"a small request took {slowest:.2f} s during a large generate call"
+
+
+def test_large_generate_bodies_read_as_small_ones_and_answers_past_the_limit_are_refused(server, limited):
+    n = 300_000
+    values = np.arange(n, dtype=np.int32) * 3 - 7
+    nested = b'{"IN": [' + b", ".join(b"[%s]" % ",".join(map(str, values[i:i + 1000])).encode()
+                                       for i in range(0, n, 1000)) + b"]}"
+    assert len(nested) > MIB
+
+    def generate(k, body: bytes) -> httpx.Response:
+        return httpx.post(f"http://{k.url}/v2/models/echo/generate", content=body, timeout=120)
+
+    for body in (nested, nested.replace(b"[[-7,", b"[[-7,[],", 1)):  # an empty array: decoded whole, as before
+        r = generate(server, body)
+        assert r.status_code == 200, r.text[:300]
+        assert r.json()["OUT"] == values.tolist()
+    # A defect in a large body is answered with the words it has in a small one.
+    for new in (b"[[1.5,", b'[["x",', b"[[true,"):
+        large, small = (body.replace(b"[[-7,", new, 1) for body in (nested, b'{"IN": [[-7, -4]]}'))
+        answers = [generate(server, body) for body in (large, small)]
+        assert [a.status_code for a in answers] == [400, 400], answers[0].text[:300]
+        assert answers[0].json() == answers[1].json()
+    r = httpx.post(f"http://{limited.url}/v2/models/echo/generate", json={"IN": list(range(300_000))}, timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    assert f"more than {MIB} bytes as JSON (--http-max-json-output-size)" in r.json()["error"]

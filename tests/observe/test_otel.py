@@ -232,6 +232,78 @@ def test_ensemble_steps_and_bls_calls_are_children_across_the_worker(kernel, rec
     assert sorted(by_id[c["parent"]] for c in computes) == ["add_sub", "bls_traced", "ens_addsub", "ens_mul"]
 
 
+# ---- the OpenAI routes and the generate extension ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def generative(tmp_path_factory, receiver):
+    """tiny_lm and the embed model, with the OpenAI API on a port of its own."""
+    base = tmp_path_factory.mktemp("otel-generative")
+    repo = base / "repo"
+    repo.mkdir()
+    shutil.copytree(EXAMPLES / "tiny_lm", repo / "tiny_lm")
+    shutil.copytree(TEST_MODELS / "openai" / "embed", repo / "embed")
+    port = free_port()
+    k = KernelProcess([repo], "--openai-port", str(port), "--trace-config", "mode=opentelemetry",
+                      "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
+                      "--trace-config", f"opentelemetry,url={receiver.url}",
+                      "--trace-config", "opentelemetry,bsp_schedule_delay=50")
+    k.openai_port = port
+    yield from running(k)
+
+
+def _post(url: str, body: dict, trace_id: str) -> bytes:
+    request = urllib.request.Request(url, json.dumps(body).encode(), method="POST", headers={
+        "content-type": "application/json", "traceparent": f"00-{trace_id}-{PARENT_SPAN}-01"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.status == 200
+        return r.read()
+
+
+def _call_spans(receiver, trace_id: str, model: str, requests: int) -> list[dict]:
+    """The spans of one traced call: InferRequest under the caller's span, one model span per model
+    request under it, and each model span's compute span; HTTP events as an infer request has."""
+    spans = receiver.trace(trace_id, 1 + 2 * requests)
+    top = _one(spans, "InferRequest")
+    assert top["parent"] == PARENT_SPAN and _names(top) == HTTP_EVENTS
+    models = [s for s in spans if s["name"] == model]
+    assert len(models) == requests and {m["parent"] for m in models} == {top["span_id"]}
+    for m in models:
+        assert _names(m) == MODEL_EVENTS and m["attributes"]["triton.model_name"] == model
+        # (a decoupled model's work may end after its final response was written: no bound on the end)
+        assert top["start"] <= m["start"] <= top["end"] and m["start"] <= m["end"]
+    computes = [s for s in spans if s["name"] == "compute"]
+    assert sorted(c["parent"] for c in computes) == sorted(m["span_id"] for m in models)
+    return spans
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_chat_with_traceparent_is_traced_as_infer_is(generative, receiver, stream):
+    trace_id = "5af7651916cd43dd8448eb211c8031" + ("5d" if stream else "5c")
+    body = {"model": "tiny_lm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2,
+            "stream": stream}
+    answer = _post(f"http://localhost:{generative.openai_port}/v1/chat/completions", body, trace_id)
+    assert (b"[DONE]" in answer) if stream else (len(json.loads(answer)["choices"]) == 2)
+    _call_spans(receiver, trace_id, "tiny_lm", 2)
+
+
+def test_openai_completions_and_embeddings_are_traced(generative, receiver):
+    base = f"http://localhost:{generative.openai_port}/v1"
+    _post(f"{base}/completions", {"model": "tiny_lm", "prompt": "the cat", "max_tokens": 2}, "6af7651916cd43dd8448eb211c80316c")
+    _call_spans(receiver, "6af7651916cd43dd8448eb211c80316c", "tiny_lm", 1)
+    _post(f"{base}/embeddings", {"model": "embed", "input": ["a b", "c"]}, "6af7651916cd43dd8448eb211c80316d")
+    _call_spans(receiver, "6af7651916cd43dd8448eb211c80316d", "embed", 2)
+
+
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+def test_kserve_generate_routes_are_traced(generative, receiver, route):
+    trace_id = "7af7651916cd43dd8448eb211c8031" + ("7a" if route == "generate" else "7b")
+    answer = _post(f"http://{generative.url}/v2/models/tiny_lm/{route}",
+                   {"text_input": "the cat", "max_tokens": 2, "stream": route == "generate_stream"}, trace_id)
+    assert b"text_output" in answer
+    _call_spans(receiver, trace_id, "tiny_lm", 1)
+
+
 def test_settings_api_in_opentelemetry_mode(kernel):
     def raw(path, body=None):
         req = urllib.request.Request(f"http://{kernel.url}{path}", data=body, method="POST" if body else "GET")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import os
 import subprocess
+import time
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -12,7 +14,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLES, ROOT, KernelProcess, copy_model, running
+from conftest import EXAMPLES, ROOT, KernelProcess, absolute_imports, copy_model, running
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (pyproject allows it): tomli, in the test extra there
+    import tomli as tomllib
 
 
 BUILD_OUTPUT: list[str] = []  # what building the wheel printed
@@ -51,6 +58,27 @@ def test_make_serve_installs_the_runtime_only_with_progress(tmp_path):
     assert not [line for line in installs if " -q" in line]
 
 
+def test_make_serve_puts_back_an_editable_install_that_pip_replaced(tmp_path):
+    """`pip install '.[openai]'` in the clone (without -e) replaced the editable install with a copy,
+    and make serve's stamp never put it back: make now redoes the install when .venv's `kernel` is
+    not the clone's. A stand-in interpreter says which it is."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed-runtime"
+    for answer, reinstalls in (("True", False), ("False", True)):
+        python.write_text(f"#!/bin/sh\necho {answer}\n")
+        python.chmod(0o755)
+        stamp.touch()
+        later = time.time() + 3600  # newer than pyproject.toml, so only the check can redo it
+        os.utime(stamp, (later, later))
+        done = subprocess.run(["make", "-n", "serve", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        installs = [line for line in done.stdout.splitlines() if " pip " in line and line.rstrip().endswith("install -e .")]
+        assert bool(installs) is reinstalls, (answer, done.stdout)
+
+
 def test_make_test_adds_the_test_extras(tmp_path):
     installs = [line for line in make_dry_run("test", tmp_path).splitlines() if " pip " in line and " install " in line]
     assert installs[-1].rstrip().endswith('install -e ".[test]"'), installs
@@ -83,6 +111,48 @@ def test_every_package_folder_is_listed_in_pyproject():
     data = {"kernel.backends.python_based"}
     assert listed - found == data
     assert not list((ROOT / "backends" / "python_based").rglob("*.py"))
+
+
+# Standard-library modules newer than the oldest Python pyproject allows (3.10), by the version
+# that brought them: an unguarded import of one fails the whole module there.
+_NEWER_STDLIB = {"tomllib": (3, 11)}
+
+
+def _guarded(node, parents) -> bool:
+    """Whether an import sits in a try whose handlers catch ModuleNotFoundError or ImportError."""
+    for parent in parents:
+        if isinstance(parent, ast.Try) and any(node in ast.walk(stmt) for stmt in parent.body):
+            for handler in parent.handlers:
+                names = [n.id for n in ast.walk(handler.type) if isinstance(n, ast.Name)] if handler.type else ["*"]
+                if {"ModuleNotFoundError", "ImportError", "*"} & set(names):
+                    return True
+    return False
+
+
+def test_code_and_tests_import_nothing_newer_than_the_oldest_supported_python():
+    oldest = tuple(int(p) for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+                   .removeprefix(">=").split("."))
+    found = []
+    for folder in ("kernel", "transports", "backends", "triton_python_backend_utils", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            try:
+                tree = ast.parse(path.read_text())
+            except SyntaxError:  # tests/models/bad/syntax_error, on purpose
+                continue
+            parents = {}
+            for parent in ast.walk(tree):
+                for child in ast.iter_child_nodes(parent):
+                    parents[child] = parent
+            for node, module in absolute_imports(tree):
+                if _NEWER_STDLIB.get(module, (0,)) <= oldest:
+                    continue
+                chain, up = [], parents.get(node)
+                while up is not None:
+                    chain.append(up)
+                    up = parents.get(up)
+                if not _guarded(node, chain):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {module}")
+    assert not found, found
 
 
 def test_a_working_directory_with_kernel_py_and_backends_does_not_shadow_kernel(tmp_path):

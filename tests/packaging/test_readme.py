@@ -39,19 +39,12 @@ SUBSTITUTIONS = [
 # Snippets that do not run here, with why. Keys are the command or a line that identifies the block.
 ILLUSTRATIVE = {
     "make test": "runs the whole test suite, this test included",
-    "sudo deploy/build-image.sh": "needs root and podman; deploy/smoke-test.sh checks the image by hand",
-    "docker build -f deploy/Dockerfile -t kernel:0.1.0 .": "needs Docker and a registry to pull the base image from",
-    "podman run --rm -p 8000-8002:8000-8002 -v $PWD/model_repo_examples:/models:ro localhost/kernel:latest":
-        "needs the image built above",
     "kubectl apply -f deploy/kserve/clusterservingruntime.yaml -f deploy/kserve/inferenceservice.yaml":
         "needs a Kubernetes cluster with KServe (tests/deploy validates the manifests and runs their probes)",
     "helm install kernel deploy/helm/kernel --set image.repository=REGISTRY/kernel --set image.tag=0.1.0":
         "needs a Kubernetes cluster (tests/deploy renders and validates the chart)",
     "aws sagemaker create-model --model-name kernel --execution-role-arn ROLE --primary-container "
     "Image=ECR_IMAGE,ModelDataUrl=s3://BUCKET/model.tar.gz": "needs an AWS account",
-    "def words(requests):                     # Triton.bind(..., config=ModelConfig(decoupled=True))":
-        "a fragment (no imports, no Triton()); the whole program, this generator bound and streamed to the "
-        "openai client, is tests/transports/openai/test_openai_api.py::test_bound_generator_answers_chat_completions",
     "gcloud ai models upload --region REGION --display-name kernel --container-image-uri IMAGE_WITH_MODELS "
     "--container-ports 8080": "needs a Google Cloud project",
 }
@@ -69,7 +62,18 @@ MODEL_PY = "class TritonPythonModel:"
 HTTP_CLIENT = 'client = httpclient.InferenceServerClient("localhost:8000")'
 PYTRITON_SERVER = "with Triton() as triton:                         # HTTP :8000, gRPC :8001, metrics :8002"
 PYTRITON_CLIENT = 'with ModelClient("localhost", "AddSub") as client:'
-RUN = [MAKE_SERVE, *INSTALL, SERVE_MY_REPO, MODEL_PY, HTTP_CLIENT, PYTRITON_SERVER, PYTRITON_CLIENT]
+# A fragment (no Triton()): run on its own below; the whole program, this generator bound and streamed to
+# the openai client, is tests/transports/openai/test_openai_api.py::test_bound_generator_answers_chat_completions
+BOUND_GENERATOR = "def words(requests):                     # Triton.bind(..., config=ModelConfig(decoupled=True))"
+# The container lines: run where a container engine can (else the tests say why they are skipped).
+BUILD_IMAGE = "sudo deploy/build-image.sh"
+PODMAN_RUN = ("podman run --rm $(deploy/podman-opts.sh --run-flags) -p 8000-8003:8000-8003 "
+              "-v $PWD/model_repo_examples:/models:ro localhost/kernel:latest")
+DOCKER_BUILD = "docker build -f deploy/Dockerfile -t kernel:0.1.0 ."
+DOCKER_RUN = "docker run --rm -p 8000-8003:8000-8003 -v $PWD/model_repo_examples:/models:ro kernel:0.1.0"
+CONTAINERS = [BUILD_IMAGE, PODMAN_RUN, DOCKER_BUILD, DOCKER_RUN]
+RUN = [MAKE_SERVE, *INSTALL, SERVE_MY_REPO, MODEL_PY, HTTP_CLIENT, PYTRITON_SERVER, PYTRITON_CLIENT, BOUND_GENERATOR,
+       *CONTAINERS]
 # Snippets another test runs as written, with where.
 RUN_ELSEWHERE = {
     'client = OpenAI(base_url="http://localhost:9000/v1", api_key="unused")':
@@ -240,3 +244,134 @@ def test_coming_from_pytriton(tmp_path):
     while k.proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert k.proc.returncode is not None
+
+
+def test_the_bound_generator_fragment_runs_on_its_own():
+    """It used `np` without importing numpy; in a namespace of its own it yields one response per word."""
+    namespace: dict = {}
+    exec(python_block(BOUND_GENERATOR), namespace)
+
+    class Request:
+        parameters = {"max_tokens": 2}
+
+    answers = list(namespace["words"]([Request()]))
+    assert [a[0]["text_output"].tolist() for a in answers] == [[b" word0"], [b" word1"]]
+
+
+
+# ---- the container lines of the Deploy table ----------------------------------------------------------
+
+
+def consecutive_free_ports(n: int) -> int:
+    """The first of n consecutive ports nothing listens on (the README maps a range: 8000-8003)."""
+    import random
+    import socket
+
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - n)
+        held = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def read_chat_stream(port: int) -> str:
+    body = b'{"model": "tiny_lm", "messages": [{"role": "user", "content": "Hello"}], "stream": true, "max_tokens": 6}'
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [line.decode().strip() for line in r if line.startswith(b"data:")]
+    assert events[-1] == "data: [DONE]" and len(events) > 2, events
+    return "".join(events)
+
+
+def engine_answers(*command: str) -> tuple[bool, str]:
+    """Whether a container engine command runs here, and what it said when it did not."""
+    if not shutil.which(command[0]):
+        return False, f"{command[0]} is not installed"
+    done = subprocess.run(list(command), capture_output=True, text=True, timeout=120)
+    return done.returncode == 0, (done.stderr or done.stdout).strip()[-500:]
+
+
+def run_container_line(line: str, tmp_path: Path) -> None:
+    """The README's run line, as written but for the host ports; ready, a model and a streamed chat
+    on the OpenAI port, then Ctrl-C (podman and docker pass it to the container: tini, Kernel)."""
+    base = consecutive_free_ports(4)
+    command = line.replace("-p 8000-8003:8000-8003", f"-p {base}-{base + 3}:8000-8003")
+    log = tmp_path / "container.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    class Started:
+        name = line.split()[0] + " run"
+
+        def __init__(self):
+            self.proc = proc
+
+        def log(self):
+            return log.read_text(errors="replace")
+
+    try:
+        wait_until_ok(Started(), [f"http://127.0.0.1:{base}/v2/health/ready",
+                                  f"http://127.0.0.1:{base}/v2/models/tiny_lm/ready"], timeout=180)
+        read_chat_stream(base + 3)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, Started().log()[-3000:]
+    assert '"Received signal 2 (SIGINT), shutting down"' in log.read_text(errors="replace")
+
+
+def test_podman_run_line(tmp_path):
+    ok, why = engine_answers("podman", "--version")
+    if not ok:
+        pytest.skip(f"no container engine here ({why}): apt-get install podman runc")
+    if subprocess.run(["podman", "image", "exists", "localhost/kernel:latest"]).returncode != 0:
+        pytest.skip(f"the image is not built here: `{BUILD_IMAGE}` builds it (KERNEL_TEST_IMAGE_BUILD=1 runs that test)")
+    ok, why = engine_answers(str(ROOT / "deploy" / "podman-opts.sh"), "--run-flags")
+    if not ok:
+        pytest.skip(f"podman cannot run containers here: {why}")
+    run_container_line(PODMAN_RUN, tmp_path)
+
+
+def test_build_image_on_a_fresh_clone(tmp_path):
+    """`sudo deploy/build-image.sh` in a clone that never ran `make serve` (issue 35: its smoke test
+    wanted the clone's .venv/bin/python). The clone is of the last commit."""
+    if os.environ.get("KERNEL_TEST_IMAGE_BUILD") != "1":
+        pytest.skip("builds a Debian base and the image (minutes, PyPI and Debian mirrors): KERNEL_TEST_IMAGE_BUILD=1 "
+                    "runs it, as root with podman")
+    ok, why = engine_answers("podman", "--version")
+    if not ok:
+        pytest.skip(f"no container engine here ({why})")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-local", str(ROOT), str(clone)], check=True, timeout=300)
+    assert not (clone / ".venv").exists()
+    command = BUILD_IMAGE if os.geteuid() != 0 or shutil.which("sudo") else BUILD_IMAGE.removeprefix("sudo ")
+    done = subprocess.run(["bash", "-c", command], cwd=clone, capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+    assert "smoke test passed (podman)" in done.stdout, done.stdout[-3000:]
+    assert not (clone / ".venv").exists()
+
+
+def test_docker_lines(tmp_path):
+    ok, why = engine_answers("docker", "info")
+    if not ok:
+        pytest.skip(f"no Docker daemon answers here ({why.splitlines()[-1] if why else 'docker info failed'})")
+    done = subprocess.run(["bash", "-c", DOCKER_BUILD], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0 and "pull" in (done.stdout + done.stderr).lower():
+        pytest.skip("Docker cannot pull the base image (python:3.11-slim-bookworm) here: no registry")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_container_line(DOCKER_RUN, tmp_path)

@@ -29,6 +29,11 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, free_ports
 from kernel.client import ModelClient
+from kernel.client.exceptions import (
+    PyTritonClientInferenceServerError,
+    PyTritonClientModelUnavailableError,
+    PyTritonClientTimeoutError,
+)
 from kernel.decorators import batch
 from kernel.exceptions import PyTritonInvalidOperationError, PyTritonModelConfigError, PyTritonUnrecoverableError
 from kernel.model_config import ModelConfig, Tensor
@@ -398,6 +403,45 @@ def test_life_cycle_states_and_replacing_a_local_model():
         assert rt.stop() is True and not rt.is_connected()
         assert ready_code(cfg.http_port, "clash") == 400 and ready_code(cfg.http_port, "r_empty") == 400
         assert ready_code(cfg.http_port, "empty") == 200 and t.is_alive()
+
+
+def test_clients_of_a_model_gone_with_its_remote_binder_time_out_as_in_pytriton():
+    """PyTriton 0.7's remote life-cycle suite (test_local_and_remote_models_closes_client and
+    _name_clash): once the RemoteTriton block that bound a model closes, a client made before it
+    gets the server's error, and a new client (eager or lazy) waits init_timeout_s for the model and
+    raises PyTritonClientTimeoutError (Kernel's is also a PyTritonClientModelUnavailableError)."""
+    cfg = config()
+    with Triton(config=cfg, workspace=workspace()) as t:
+        t.bind("local", lambda requests: [{"y": r["x"] + 1} for r in requests], VEC, OUT,
+               config=ModelConfig(max_batch_size=8))
+        t.run()
+        _clients_after_the_remote_block(cfg)
+
+
+def _clients_after_the_remote_block(host) -> None:
+    url = f"http://localhost:{host.http_port}"
+    local = ModelClient(url, "local", init_timeout_s=1.0, inference_timeout_s=10)  # lazy: nothing asked yet
+    with remote(host) as rt:
+        rt.bind("r_gone", lambda requests: [{"y": r["x"] + 2} for r in requests], VEC, OUT,
+                config=ModelConfig(max_batch_size=8))
+        earlier = ModelClient(url, "r_gone", init_timeout_s=10, inference_timeout_s=10, lazy_init=False)
+        assert earlier.infer_batch(X)["y"].tolist() == [[3.0, 4.0]]
+        rt.bind("local", lambda requests: [{"y": r["x"] * 0} for r in requests], VEC, OUT,
+                config=ModelConfig(max_batch_size=8))  # the name clash: replaces the local model
+    with pytest.raises(PyTritonClientInferenceServerError):
+        earlier.infer_batch(X)
+    earlier.close()
+    start = time.monotonic()
+    with pytest.raises(PyTritonClientTimeoutError) as raised:
+        ModelClient(url, "r_gone", init_timeout_s=1.0, lazy_init=False)
+    assert time.monotonic() - start >= 0.9  # it waited for the model, as PyTriton's client does
+    assert isinstance(raised.value, PyTritonClientModelUnavailableError) and "r_gone" in raised.value.message
+    with ModelClient(url, "r_gone", init_timeout_s=1.0) as lazy:
+        with pytest.raises(PyTritonClientTimeoutError):
+            lazy.infer_batch(X)
+    with local:
+        with pytest.raises(PyTritonClientTimeoutError):
+            local.infer_batch(X)
 
 
 def test_server_stop_ends_remote_serve():

@@ -13,6 +13,7 @@ whose only model spends two minutes in initialize():
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -71,6 +72,42 @@ def test_a_signal_during_a_long_load_stops_the_server_within_seconds(start_kerne
     assert "Traceback" not in log
 
 
+# Makes the front's import of kernel.serve.compose (part of building the server, before anything
+# listens) take 30 s, as a very busy box stretches the real imports; it says when it starts.
+SLOW_IMPORT = """
+import sys, time
+
+class SlowCompose:
+    def find_spec(self, name, path=None, target=None):
+        if name == "kernel.serve.compose":
+            sys.stderr.write("slow import of kernel.serve.compose started\\n")
+            sys.stderr.flush()
+            time.sleep(30)
+        return None
+
+sys.meta_path.insert(0, SlowCompose())
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_server_is_built_stops_it_at_once(start_kernel, tmp_path, sig):
+    """The front imports and builds the server on the event loop's thread, where the loop sees no
+    signal: a Ctrl-C there used to wait for the imports to end (1.8 s seen on a busy box)."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(SLOW_IMPORT)
+    path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH", "")) if p)
+    k = start_kernel([REPO], env={"PYTHONPATH": path})
+    assert k.wait_for_log("slow import of kernel.serve.compose started", timeout=60), k.log()
+    sent = time.monotonic()
+    k.proc.send_signal(sig)
+    assert k.wait_exit(40) == 0, k.log()
+    took = time.monotonic() - sent
+    assert took < 3.0, f"stopped {took:.1f} s after the signal"
+    log = k.log()
+    assert f"Received signal {int(sig)} ({sig.name}), shutting down" in log
+    assert "Traceback" not in log and "listening at" not in log and "loading:" not in log
+
+
 @pytest.mark.parametrize("service, flag, address, extra", [
     ("HTTP", "--http-port", "127.0.0.1", []),
     ("GRPC", "--grpc-port", "127.0.0.1", []),
@@ -117,3 +154,42 @@ def test_started_lines_follow_the_model_table(start_kernel):
     started = [i for i, line in enumerate(lines) if re.search(r'"Started (HTTPService|GRPCInferenceService|'
                                                                  r'Metrics Service) at ', line)]
     assert len(started) == 3 and min(started) > table, "\n".join(lines)
+
+
+SLOWISH = """
+import os, time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.Logger.log_info(f"slowish initializing in pid {os.getpid()}")
+        time.sleep(4)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+"""
+
+
+def test_repository_calls_wait_for_the_start_up_load_of_their_model(start_kernel, tmp_path):
+    """Explicit mode: Kernel listens while --load-model models load, so the repository API can be
+    called meanwhile. An unload of a model still loading at start-up waits for that load and then
+    unloads it (it used to answer at once, and the start-up load then left the model READY)."""
+    folder = tmp_path / "repo" / "slowish"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text((REPO / "long_init" / "config.pbtxt").read_text().replace("long_init", "slowish"))
+    (folder / "1" / "model.py").write_text(SLOWISH)
+    k = start_kernel([tmp_path / "repo"], "--model-control-mode=explicit", "--load-model=slowish")
+    assert k.wait_for_log("slowish initializing in pid", timeout=60), k.log()
+    base = f"http://{k.url}"
+    request = urllib.request.Request(f"{base}/v2/repository/models/slowish/unload", data=b"", method="POST")
+    sent = time.monotonic()
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert r.status == 200
+    assert time.monotonic() - sent > 1.0, "answered while the start-up load still ran"
+    for _ in range(3):  # and it stays unloaded
+        assert status(f"{base}/v2/models/slowish/ready") == 400
+        time.sleep(0.5)
+    assert "successfully loaded 'slowish'" in k.log()  # the start-up load ended first
+    assert k.stop(20) == 0

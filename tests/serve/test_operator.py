@@ -122,6 +122,10 @@ def test_every_flag_has_one_line_of_help_and_its_default():
                   "ready only when every model is ready (false: ready once the server is live) (default: true)"]:
         assert shown in squashed
     assert parser.prog == "kernel"
+    assert "None" not in squashed  # a default without a value is said in words (issue 35)
+    for shown in ["the gRPC server implementation (default: native)",
+                  "address of the metrics endpoint (default: --http-"]:  # argparse wraps at the hyphen
+        assert shown in squashed
 
 
 def test_help_offers_grpc_response_compression():
@@ -192,6 +196,7 @@ def test_json_is_refused_by_its_exact_name(capsys):
 @pytest.mark.parametrize("service, flag, address", [
     ("HTTP", "--http-port", "127.0.0.1"), ("GRPC", "--grpc-port", "127.0.0.1"), ("Metrics", "--metrics-port", "127.0.0.1"),
     ("Sagemaker", "--sagemaker-port", "0.0.0.0"),  # the SageMaker endpoint listens on every address
+    ("OpenAI", "--openai-port", "127.0.0.1"),  # Kernel only: was "OpenAIService service" (issue 35)
 ])
 def test_a_taken_port_is_one_tritonserver_line(tmp_path, service, flag, address):
     with socket.socket() as taken:

@@ -280,9 +280,9 @@ def _request(server, method: str, path: str, body: bytes = b""):
 
 def test_health_routes_take_only_get(server):
     """tritonserver 2.51: POST on /v2/health/live or /ready is 405 Method Not Allowed."""
-    for route in ("/v2/health/live", "/v2/health/ready"):
+    for route, body in (("/v2/health/live", {"live": True}), ("/v2/health/ready", {"ready": True})):
         assert _request(server, "POST", route) == (405, {"error": "Method Not Allowed"})
-        assert _request(server, "GET", route) == (200, None)
+        assert _request(server, "GET", route) == (200, body)  # KServe v2's body (Triton: none)
 
 
 def test_version_that_is_not_a_number_matches_no_route(server):
@@ -291,7 +291,7 @@ def test_version_that_is_not_a_number_matches_no_route(server):
                  "/v2/models/add_sub/versions/-1/config"):
         assert _request(server, "GET", path) == (404, {"error": "Not Found"}), path
     assert _request(server, "POST", "/v2/models/add_sub/versions/abc/infer", b"{}") == (404, {"error": "Not Found"})
-    assert _request(server, "GET", "/v2/models/add_sub/versions/1/ready") == (200, None)
+    assert _request(server, "GET", "/v2/models/add_sub/versions/1/ready") == (200, {"name": "add_sub", "ready": True})
 
 
 def test_model_not_ready_has_tritons_body(server):

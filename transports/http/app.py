@@ -14,7 +14,7 @@ from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import collect_single_response
 from kernel.transports.restrictions import Category, Restrictions, http_message
 from kernel.core.server import Server
-from kernel.transports.asgi import lifespan, send_error, send_json, send_response, send_status, status_for
+from kernel.transports.asgi import lifespan, send_error, send_json, send_response, status_for
 from kernel.transports.http.body import check_json_values, check_size, read_body
 from kernel.transports import inflate
 from kernel.transports.http import codec, generate, large_json, shared_memory
@@ -30,6 +30,11 @@ _JSON = [(b"content-type", b"application/json")]
 # Infer requests answered sooner never start a disconnect-watching task (transports/http/disconnect.py).
 _WATCH_AFTER_S = 0.02
 _EMPTY_OK = {"type": "http.response.body", "body": b""}
+# Health answers carry the KServe v2 (Open Inference Protocol) bodies, {"live": bool} / {"ready": bool},
+# which KServe's own clients decode; tritonserver 2.51 sends none (same status codes; a deliberate
+# difference, peer_checks/differences.py). Model ready: {"name": m, "ready": true}, or Triton's error.
+_LIVE = {True: b'{"live":true}', False: b'{"live":false}'}
+_READY = {True: b'{"ready":true}', False: b'{"ready":false}'}
 
 
 # --http-max-json-output-size: as much JSON text as the largest JSON body a client may send.
@@ -70,10 +75,12 @@ class HttpApp:
                 await self._model_route(path[11:], method, scope, receive, send)
             elif path == "/v2/health/live":
                 self._require(method, "GET")  # tritonserver: 405 for any other method
-                await send_status(send, 200 if self.server.live else 400)
+                live = self.server.live
+                await send_response(send, 200 if live else 400, _JSON, _LIVE[live])
             elif path == "/v2/health/ready":
                 self._require(method, "GET")
-                await send_status(send, 200 if self.server.ready else 400)
+                ready = self.server.ready
+                await send_response(send, 200 if ready else 400, _JSON, _READY[ready])
             elif path in ("/v2", "/v2/"):
                 self._require(method, "GET")
                 await send_json(send, 200, self.server.metadata())
@@ -141,7 +148,7 @@ class HttpApp:
         elif action == "ready":
             self._require(method, "GET")
             if await self.server.model_ready(name, version):
-                await send_status(send, 200)
+                await send_json(send, 200, {"name": name, "ready": True})
             else:  # tritonserver's words, for an unknown model too
                 await send_error(send, 400, "Model version not ready")
         elif action == "config":

@@ -18,14 +18,16 @@ asyncio.Queue and out as events; a client that disconnects cancels the request.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any, Callable, Optional
 
 import msgspec
 
+from kernel.core import datatypes
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 from kernel.transports.asgi import JSON_HEADERS, send_error, send_response, start_stream, status_for
-from kernel.transports.http import codec
+from kernel.transports.http import codec, large_json
 from kernel.transports.http.disconnect import DisconnectWatch
 
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
@@ -82,10 +84,11 @@ def sse_event(doc_json: bytes) -> bytes:
 async def stream_events(
     responses: ResponseQueue,
     send,
-    encode: Callable[[InferResponse], bytes],
+    encode: Callable[[InferResponse], Any],
     decoupled: bool,
     extra_headers: tuple = (),
     transport=None,
+    trace=None,
 ) -> None:
     """Send each response as an SSE event until the final one.
 
@@ -93,7 +96,8 @@ async def stream_events(
     response first gives its error status); a later error arrives as an
     event carrying {"error": ...}, so clients must look at every event.
     The status, headers and first event leave in one segment (start_stream;
-    transport: the connection, scope["kernel.transport"]).
+    transport: the connection, scope["kernel.transport"]). `trace`: the call's trace when it was
+    sampled (the final response stamps INFER_RESPONSE_COMPLETE and HTTP_SEND_START on it).
     """
     started = False
     try:
@@ -101,13 +105,19 @@ async def stream_events(
             response = await responses.get()
             if response is None:
                 return  # client went away; the request is cancelled
+            if trace is not None and response.final:
+                trace.on_response(response)
+                trace.stamp("HTTP_SEND_START")
             event = b""
             if not is_flag_only(response, decoupled):
                 if response.error is not None:
                     event = sse_event(codec.error_body(response.error.message))
                 else:
                     try:
-                        event = sse_event(encode(response))
+                        data = encode(response)
+                        if inspect.isawaitable(data):
+                            data = await data
+                        event = sse_event(data)
                     except KernelError as exc:
                         event = sse_event(codec.error_body(exc.message))
             if not started:
@@ -131,7 +141,28 @@ async def stream_events(
 
 
 async def handle_generate(app, name: str, version: str, streaming: bool, scope, receive, send) -> None:
-    """Serve one generate / generate_stream call; KernelError before inference -> caller's JSON error."""
+    """Serve one generate / generate_stream call; KernelError before inference -> caller's JSON error.
+
+    Traced as an infer request is (--trace-config; in OpenTelemetry mode a W3C traceparent
+    header parents it): HTTP_RECV_START/END, the model's own timestamps, INFER_RESPONSE_COMPLETE
+    and HTTP_SEND_START at the final response, HTTP_SEND_END once the answer is written."""
+    tracer = app.tracer
+    if tracer is None or not tracer.active:  # all that tracing costs while it is off
+        await _generate(app, name, version, streaming, scope, receive, send, None)
+        return
+    trace = tracer.sample(name, tracer.context(scope["headers"]))
+    if trace is None:
+        await _generate(app, name, version, streaming, scope, receive, send, None)
+        return
+    trace.stamp("HTTP_RECV_START")
+    try:
+        await _generate(app, name, version, streaming, scope, receive, send, trace)
+    finally:
+        trace.stamp("HTTP_SEND_END")
+        trace.release()
+
+
+async def _generate(app, name: str, version: str, streaming: bool, scope, receive, send, trace) -> None:
     server = app.server
     model = server.model(name, version)
     body = await app.read_body(receive)
@@ -140,13 +171,25 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
     for key, value in scope["headers"]:
         if key == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
             raise _bad("Unsupported content-encoding, only 'identity' is supported.")
-    request = build_generate_request(body, model, name, version)
+    if trace is not None:
+        trace.stamp("HTTP_RECV_END")
+    if len(body) > large_json.INLINE_REQUEST_BYTES:  # beside the loop (see large_json)
+        request = await large_json.run(build_generate_request, body, model, name, version)
+    else:
+        request = build_generate_request(body, model, name, version)
+    del body
+    limit = app.max_json_output_size
+
+    async def encode(response: InferResponse):
+        return await encode_bounded(response, limit)
+
+    request.trace = trace
     responses = ResponseQueue(request)
     server.submit(request)
     responses.watch_disconnect(receive)
     if streaming:
-        await stream_events(responses, send, encode_generate_response, model.decoupled,
-                            transport=scope.get("kernel.transport"))
+        await stream_events(responses, send, encode, model.decoupled,
+                            transport=scope.get("kernel.transport"), trace=trace)
         return
     try:
         chunks: list[InferResponse] = []
@@ -157,6 +200,9 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
             if not is_flag_only(response, model.decoupled):
                 chunks.append(response)
             if response.final:
+                if trace is not None:
+                    trace.on_response(response)
+                    trace.stamp("HTTP_SEND_START")
                 break
     finally:
         responses.close()
@@ -175,7 +221,7 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
         await send_error(send, status_for(response.error), response.error.message)
         return
     try:
-        doc = encode_generate_response(response)
+        doc = await encode(response)
     except KernelError as exc:
         await send_error(send, status_for(exc), exc.message)
         return
@@ -183,15 +229,21 @@ async def handle_generate(app, name: str, version: str, streaming: bool, scope, 
 
 
 def build_generate_request(body: bytes, model, name: str, version: str) -> InferRequest:
-    doc: Any = {}
+    """The core request of a generate body (see the module docstring).
+
+    The body is read as its fields' JSON text (one pass that builds nothing); an input's numbers
+    longer than INLINE_REQUEST_BYTES are counted (for the shape) and read a piece at a time by
+    large_json, never built into one Python list: run this on large_json's thread for a large body.
+    Everything else is decoded as before, field by field."""
+    fields: dict = {}
     if body.strip():
         try:
-            doc = msgspec.json.decode(body)
+            fields = _fields.decode(body)
+        except msgspec.ValidationError:
+            raise _bad("failed to parse the request JSON buffer: the generate request must be a JSON object") from None
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(doc, dict):
-        raise _bad("failed to parse the request JSON buffer: the generate request must be a JSON object")
-    request_id = doc.get("id", "")
+    request_id = _value(fields["id"]) if "id" in fields else ""
     if not isinstance(request_id, str):
         raise _bad("Unable to parse 'id': expected a string")
     batch = [-1] if model.max_batch_size > 0 else []
@@ -199,31 +251,65 @@ def build_generate_request(body: bytes, model, name: str, version: str) -> Infer
     tensors: list[dict] = []
     params: dict[str, Any] = {}
 
-    def take(key: str, value: Any) -> None:
+    def take(key: str, raw: msgspec.Raw) -> None:
         if key in shapes:
             datatype, dims = shapes[key]
-            flat = codec.flatten(value)
-            tensors.append({"name": key, "datatype": datatype, "shape": _fit_shape(key, dims, len(flat)), "data": flat})
-        elif isinstance(value, (str, bool, int, float)):
+            count = _number_count(raw, datatype)
+            if count is None:
+                data = codec.flatten(_value(raw))
+                count = len(data)
+            else:
+                data = raw  # read a piece at a time by large_json below
+            tensors.append({"name": key, "datatype": datatype, "shape": _fit_shape(key, dims, count), "data": data})
+            return
+        value = _value(raw)
+        if isinstance(value, (str, bool, int, float)):
             params[key] = value
         else:
             raise _bad(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
-    for key, value in doc.items():
+    for key, raw in fields.items():
         if key == _PARAMETERS:
             if key in shapes:
                 raise _bad(f"Keyword '{key}' for nested schema also given as input tensor name")
-            if not isinstance(value, dict):
-                raise _bad(f"Expected JSON object for keyword: '{key}'")
-            for k, v in value.items():
+            try:
+                nested = _fields.decode(raw)
+            except msgspec.ValidationError:
+                raise _bad(f"Expected JSON object for keyword: '{key}'") from None
+            for k, v in nested.items():
                 take(k, v)
         else:
-            take(key, value)
+            take(key, raw)
     inputs: list[InferTensor] = []
     if tensors:
-        parsed, _, _ = codec.parse_infer_request(_json.encode({"inputs": tensors}), None, name, version)
+        text = _json.encode({"inputs": tensors})
+        decoded = large_json.decode_request(text, None) if len(text) > large_json.INLINE_REQUEST_BYTES else None
+        parsed, _, _ = codec.parse_infer_request(text, None, name, version, decoded=decoded)
         inputs = parsed.inputs
     return InferRequest(name, version, request_id, inputs, None, params)
+
+
+_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _value(raw: msgspec.Raw) -> Any:
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise _bad(f"failed to parse the request JSON buffer: {exc}") from None
+
+
+def _number_count(raw: msgspec.Raw, datatype: str) -> Optional[int]:
+    """How many numbers a long JSON array of numbers holds (one more than its commas: every comma
+    separates two siblings, and an array without empty arrays inside has as many leaves as
+    siblings minus its nested arrays), or None to decode it as a value (short, strings, empty
+    arrays, not an array)."""
+    if datatype == "BYTES" or len(raw) <= large_json.INLINE_REQUEST_BYTES:
+        return None
+    text = bytes(raw)
+    if text[:1] != b"[" or b'"' in text or large_json.has_empty_array(text):
+        return None
+    return text.count(b",") + 1
 
 
 def _fit_shape(name: str, dims: list[int], count: int) -> list[int]:
@@ -244,7 +330,17 @@ def _fit_shape(name: str, dims: list[int], count: int) -> list[int]:
     return shape
 
 
-def encode_generate_response(response: InferResponse) -> bytes:
+async def encode_bounded(response: InferResponse, limit: int):
+    """A generate answer's JSON, at most `limit` bytes (--http-max-json-output-size; 400 past it);
+    an answer with many elements is written on the JSON thread beside the loop."""
+    if sum(t.nbytes for t in response.outputs) <= large_json.PIECE_BYTES:
+        return encode_generate_answer(response, limit)
+    return await large_json.run(encode_generate_answer, response, limit)
+
+
+def encode_generate_answer(response: InferResponse, limit: Optional[int]) -> bytearray:
+    """The answer object, keys sorted, each output written a piece at a time (a single element as a
+    scalar); KernelError once the JSON would pass `limit` bytes (None: no limit)."""
     fields: dict[str, Any] = {}
     if response.id:
         fields["id"] = response.id
@@ -256,16 +352,44 @@ def encode_generate_response(response: InferResponse) -> bytes:
                 ErrorCode.UNSUPPORTED, f"Response parameter '{key}' has a type that generate cannot return"
             )
         fields.setdefault(key, value)
+    least = 0
     for tensor in response.outputs:
-        values = _tensor_values(tensor)
-        fields.setdefault(tensor.name, values[0] if len(values) == 1 else values)
-    return _json.encode({k: fields[k] for k in sorted(fields)})
+        if tensor.datatype == "BF16":
+            raise KernelError(ErrorCode.UNSUPPORTED, f"output '{tensor.name}' is BF16, which generate cannot return")
+        if tensor.name not in fields:
+            fields[tensor.name] = tensor
+            least += (3 if tensor.datatype == "BYTES" else 2) * datatypes.element_count(tensor.shape)
+    if limit is not None and least > limit:
+        raise _too_large(response.model_name, limit)
+
+    def check() -> None:
+        if limit is not None and len(buf) > limit:
+            raise _too_large(response.model_name, limit)
+
+    buf = bytearray(b"{")
+    for i, key in enumerate(sorted(fields)):
+        if i:
+            buf += b","
+        _json.encode_into(key, buf, -1)
+        buf += b":"
+        value = fields[key]
+        if not isinstance(value, InferTensor):
+            _json.encode_into(value, buf, -1)
+        elif datatypes.element_count(value.shape) == 1:
+            _json.encode_into(codec.json_data(value)[0], buf, -1)
+        else:
+            buf += b"[]"
+            large_json.values_into(buf, value.as_numpy().reshape(-1), check, value.datatype == "BYTES")
+        check()
+    buf += b"}"
+    check()
+    return buf
 
 
-def _tensor_values(tensor: InferTensor) -> list:
-    if tensor.datatype == "BF16":
-        raise KernelError(ErrorCode.UNSUPPORTED, f"output '{tensor.name}' is BF16, which generate cannot return")
-    return codec.json_data(tensor)
+def _too_large(model: str, limit: int) -> KernelError:
+    return _bad(f"the answer of model '{model}' would take more than {limit} bytes as JSON "
+                "(--http-max-json-output-size); generate answers only JSON: ask for its large outputs as binary "
+                "data on the infer endpoint")
 
 
 # ---- KServe v2 inference as an event stream (SageMaker /invocations-response-stream) ----
@@ -293,7 +417,8 @@ async def handle_infer_stream(app, name: str, version: str, header_length: Optio
 __all__ = [
     "ResponseQueue",
     "build_generate_request",
-    "encode_generate_response",
+    "encode_bounded",
+    "encode_generate_answer",
     "handle_generate",
     "handle_infer_stream",
     "stream_events",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import msgspec
 import numpy as np
@@ -115,14 +115,20 @@ def _data_into(buf: bytearray, t: InferTensor, model: str, limit: int) -> None:
     # Each element takes at least one character and a comma (a string two and a comma).
     if len(buf) + (3 if strings else 2) * count - 1 > limit:
         raise codec.json_too_large(model, limit)
-    for start in range(0, count, PIECE_ELEMENTS):
+    values_into(buf, flat, lambda: _check(buf, model, limit), strings)
+
+
+def values_into(buf: bytearray, flat: np.ndarray, check: Callable[[], None], strings: bool = False) -> None:
+    """Write a flat array's values as JSON over the '[]' that `buf` ends with, PIECE_ELEMENTS at a
+    time (each piece one short call); `check()` after each piece, which raises to stop."""
+    for start in range(0, flat.size, PIECE_ELEMENTS):
         piece = flat[start:start + PIECE_ELEMENTS]
         values = codec.json_strings(piece) if strings else piece.tolist()
         at = len(buf) - (2 if start == 0 else 1)  # over '[]' first, then over the closing ']'
         _encoder.encode_into(values, buf, at)
         if start:
             buf[at] = _COMMA
-        _check(buf, model, limit)
+        check()
 
 
 def _check(buf: bytearray, model: str, limit: int) -> None:
@@ -182,6 +188,11 @@ def decode_request(body, header_length: Optional[int]) -> Decoded:
         except KernelError as exc:
             tensors.append(exc)
     return Decoded(request, binary, tensors)
+
+
+def has_empty_array(text: bytes) -> bool:
+    """Whether JSON text holds an empty array ('[]', '[ ]'): a hole the piecewise reading cannot see."""
+    return _EMPTY_ARRAY.search(text) is not None
 
 
 def _json_tensor(inp: _RawInput) -> InferTensor:

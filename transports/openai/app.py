@@ -31,12 +31,14 @@ from kernel.core.errors import KernelError
 from kernel.core.scheduling import in_flight_everywhere
 from kernel.transports.asgi import lifespan
 from kernel.transports.http.body import read_body
-from kernel.transports.openai import chat_template, embeddings, schema
+from kernel.transports.openai import chat_template, embeddings, schema, tracing
 from kernel.transports.openai.convention import text_model
 from kernel.transports.openai.errors import (
     SERVER_ERROR, ApiError, bad_request, error_body, from_kernel, model_not_found, send_error, too_many_requests,
 )
 from kernel.transports.openai.generation import Generation
+from kernel.transports.openai.template_pool import TemplatePool
+from kernel.transports.reset import reset
 from kernel.transports.restrictions import Category, Restrictions
 
 log = logging.getLogger("kernel.openai")
@@ -63,15 +65,19 @@ def route_of(path: str) -> Optional[tuple[str, Category]]:
 
 
 class OpenAIApp:
-    def __init__(self, server, max_input_size: int = 64 * 1024 * 1024, restricted: Optional[Restrictions] = None):
+    def __init__(self, server, max_input_size: int = 64 * 1024 * 1024, restricted: Optional[Restrictions] = None,
+                 max_json_output_size: int = 64 * 1024 * 1024):
         self.server = server
         self.max_input_size = max_input_size
+        self.max_json_output_size = max_json_output_size  # the most bytes a non-streamed answer may take
         self.restricted = restricted or None
         self.created = int(time.time())
         # Calls between their first byte and their last (Transport.transfers), and the streams among them.
         self.active = 0
         self.streams: set[Generation] = set()
         self._limits: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        # Chat templates render in processes of their own, started on the first template (template_pool.py).
+        self.templates = TemplatePool(max_input_size)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -102,9 +108,10 @@ class OpenAIApp:
             elif path == "/v1/completions":
                 await self._completion(False, scope, receive, send)
             elif path == "/v1/embeddings":
+                started = tracing.start_ns(self.server)
                 body = await self._body(scope, receive)
                 if body is not None:
-                    await embeddings.handle(self, body, receive, send)
+                    await embeddings.handle(self, body, scope, receive, send, started)
             elif path == "/v1/models":
                 await _send_json(send, 200, {"object": "list", "data": [self._model_card(n) for n in self._ready()]})
             elif path == "/health/ready":
@@ -194,37 +201,27 @@ class OpenAIApp:
     # ---- completions ---------------------------------------------------------------------------
 
     async def _completion(self, chat: bool, scope, receive, send) -> None:
+        started = tracing.start_ns(self.server)
         body = await self._body(scope, receive)
         if body is None:
             return
         size = len(body)
-        kind = schema.ChatRequest if chat else schema.CompletionRequest
-        request, doc = await self.off_loop(size, schema.decode, body, kind)
-        if chat:
-            schema.check_chat(request)
-        else:
-            prompts = schema.check_completion(request)
-        model = self.resolve(request.model)
-        tm = text_model(model)
-        n = request.n or 1
-        if chat:
-            template = await chat_template.template_for(model)
-            messages = chat_template.messages_for_template(request.messages)
-            prompts = [await self.off_loop(size, template.render, messages)]
-        schema.choices_limit(len(prompts), n)
-        self.admit(model, len(prompts) * n)
-        stream = bool(request.stream)
-        options = request.stream_options
-        generation = Generation(self.server, request.model, tm, chat, prompts, n, schema.max_tokens(request),
-                                stream and options is not None and options.include_usage,
-                                bool(getattr(request, "echo", False)))
-        generation.transport = scope.get("kernel.transport")
-        sampling = schema.sampling_parameters(doc, request)
-        generation.submit(stream, sampling, seeded=request.seed is not None and n > 1)
+        request, fields = await self.off_loop(size, schema.decode, body,
+                                              schema.ChatRequest if chat else schema.CompletionRequest)
+        trace = tracing.CallTrace.sample(self.server, request.model, scope["headers"], started) if started else None
+        try:
+            generation = await self._submitted(chat, request, fields, size, scope, trace)
+            del body, request, fields  # the choices share what they need of them (Generation.prepare)
+            await self._answer(generation, receive, send)
+        finally:
+            if trace is not None:
+                trace.finish()
+
+    async def _answer(self, generation: Generation, receive, send) -> None:
         watcher = asyncio.ensure_future(_watch_disconnect(receive, generation))
         self.streams.add(generation)
         try:
-            if stream:
+            if generation.stream:
                 await generation.write_stream(send)
                 return
             await generation.wait_all()
@@ -241,10 +238,48 @@ class OpenAIApp:
             if not generation.finished:
                 generation.cancel()
 
-    def cut_all(self, reason: str) -> None:
-        """Cut every stream still open (the exit timeout is spent)."""
+    async def _submitted(self, chat: bool, request, fields: dict, size: int, scope, trace) -> Generation:
+        """The call's choices, submitted; ApiError when the request or the model refuses. `size`:
+        the body's; `trace`: the call's tracing.CallTrace when it was sampled."""
+        if chat:
+            schema.check_chat(request)
+        else:
+            prompts = schema.check_completion(request)
+        model = self.resolve(request.model)
+        tm = text_model(model)
+        n = request.n or 1
+        if chat:
+            template = await chat_template.template_for(model)
+            messages = chat_template.messages_for_template(request.messages)
+            if template.text is None:
+                prompts = [await self.off_loop(size, chat_template.plain_prompt, messages)]
+            else:
+                prompts = [await self.templates.render(template, messages, size)]
+            del messages
+        schema.choices_limit(len(prompts), n)
+        self.admit(model, len(prompts) * n)
+        stream = bool(request.stream)
+        options = request.stream_options
+        generation = Generation(self.server, request.model, tm, chat, prompts, n, schema.max_tokens(request),
+                                stream and options is not None and options.include_usage,
+                                bool(getattr(request, "echo", False)), self.max_json_output_size)
+        generation.transport = scope.get("kernel.transport")
+        generation.trace = trace
+        await self.off_loop(size, generation.prepare, schema.sampling_parameters(fields, request), request.seed,
+                            self.max_input_size)
+        await generation.submit(stream)
+        return generation
+
+    def end_all(self, reason: str) -> int:
+        """End every call still generating with an error naming `reason` (the exit timeout is spent):
+        an error event closes a stream, a 503 answers the others. Returns how many were ended."""
+        return sum(generation.end(reason) for generation in list(self.streams))
+
+    def cut_all(self) -> None:
+        """Reset the clients of the calls still open (they did not take even their last event)."""
         for generation in list(self.streams):
-            generation.cut(reason)
+            generation.disconnected()
+            reset(generation.transport)
 
 
 async def _watch_disconnect(receive, generation: Generation) -> None:

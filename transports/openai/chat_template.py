@@ -12,85 +12,48 @@ A template is rendered as Hugging Face's `apply_chat_template` renders it: in Ji
 sandbox, blocks trimmed (trim_blocks, lstrip_blocks), the loop-controls extension, a `tojson`
 filter, `raise_exception(message)` (its message becomes the client's 400) and `strftime_now`;
 variables `messages` (role and content; text parts joined by newlines), `add_generation_prompt`
-(true), `bos_token`, `eos_token`. jinja2 is imported only when a model has a template (the
-`openai` extra: pip install 'kernel-inference-server[openai]').
+(true), `bos_token`, `eos_token`. It renders in a renderer process, with a time and a size limit
+(template_pool.py, template_worker.py); jinja2 is needed there only when a model has a template
+(the `openai` extra: pip install 'kernel-inference-server[openai]').
 
 Without a template, the prompt is one line per message, `<role>: <content>`, and a last line
 `assistant:` that the model completes.
 
-Templates are read once per loaded model version, off the event loop, and kept compiled.
+Templates are read once per loaded model version, off the event loop; a failing template's
+messages to the client never name a server path (the log does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import weakref
-from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
 from kernel.transports.openai.errors import ApiError, bad_request
 
-
-class _TemplateRaised(Exception):
-    """raise_exception() in a template: the message is the client's problem."""
+log = logging.getLogger("kernel.openai")
 
 
 class ChatTemplate:
-    __slots__ = ("source", "template", "bos_token", "eos_token", "__weakref__")
+    """A model version's template: its text (None: the plain template), tokens, and where it came
+    from (for the server's log only: a client never sees a server path)."""
+
+    __slots__ = ("source", "text", "bos_token", "eos_token", "__weakref__")
 
     def __init__(self, source: str, text: Optional[str], bos_token: str = "", eos_token: str = "") -> None:
-        self.source = source  # where the template came from, for messages
+        self.source = source
+        self.text = text or None
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self.template = _compile(text, source) if text else None
-
-    def render(self, messages: list[dict]) -> str:
-        if self.template is None:
-            return plain_prompt(messages)
-        try:
-            return self.template.render(messages=messages, add_generation_prompt=True, bos_token=self.bos_token,
-                                        eos_token=self.eos_token)
-        except _TemplateRaised as exc:
-            raise bad_request(f"the model's chat template refused the messages: {exc}", "messages") from None
-        except Exception as exc:  # noqa: BLE001 - a template that fails on these messages
-            raise bad_request(f"the model's chat template ({self.source}) failed on these messages: "
-                              f"{type(exc).__name__}: {exc}", "messages") from None
 
 
 def plain_prompt(messages: list[dict]) -> str:
     lines = [f"{m['role']}: {m['content']}" for m in messages]
     lines.append("assistant:")
     return "\n".join(lines)
-
-
-def _compile(text: str, source: str):
-    try:
-        from jinja2 import TemplateError
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise ApiError(500, f"the model has a chat template ({source}) and rendering it needs jinja2, which is not "
-                            "installed: pip install 'kernel-inference-server[openai]'", "server_error") from None
-
-    def raise_exception(message):
-        raise _TemplateRaised(message)
-
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(fmt):
-        return datetime.now().strftime(fmt)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    try:
-        return env.from_string(text)
-    except TemplateError as exc:
-        raise ApiError(500, f"the model's chat template ({source}) does not compile: {exc}", "server_error") from None
 
 
 def _token(value) -> str:
@@ -113,12 +76,18 @@ def load(model) -> ChatTemplate:
             try:
                 tokens = json.loads(config.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
-                raise ApiError(500, f"{config} cannot be read: {exc}", "server_error") from None
+                log.error("model '%s': %s cannot be read: %s", model.name, config, exc)
+                raise ApiError(500, "the model's tokenizer_config.json cannot be read", "server_error") from None
             if not isinstance(tokens, dict):
                 tokens = {}
         bos, eos = _token(tokens.get("bos_token")), _token(tokens.get("eos_token"))
         if jinja.is_file():
-            return ChatTemplate(str(jinja), jinja.read_text(encoding="utf-8"), bos, eos)
+            try:
+                text = jinja.read_text(encoding="utf-8")
+            except (OSError, ValueError) as exc:
+                log.error("model '%s': %s cannot be read: %s", model.name, jinja, exc)
+                raise ApiError(500, "the model's chat_template.jinja cannot be read", "server_error") from None
+            return ChatTemplate(str(jinja), text, bos, eos)
         template = tokens.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}

@@ -17,8 +17,9 @@ answers Triton's generate endpoints and these routes:
 
 Only `text_input` and `text_output` are required; every other input is sent only when the model
 declares it, and a model without `sampling_parameters` gets the sampling fields as request
-parameters instead (scalars as they are, lists and objects as JSON text), which is where a
-PyTriton-style callable reads them (`request.parameters`). A decoupled model streams; every
+parameters instead (scalars as they are, lists and objects as the JSON text the client sent),
+which is where a PyTriton-style callable reads them (`request.parameters`). The choices of a call
+(n, several prompts) share one prompt's bytes and one copy of the sampling fields. A decoupled model streams; every
 response's text is a delta (the vLLM backend's behaviour with stream=true; with stream=false it
 sends its whole text once, which reads the same). A model that declares neither token output
 gives no `usage`.
@@ -52,6 +53,7 @@ _pack_len = struct.Struct("<I").pack
 _unpack_len = struct.Struct("<I").unpack_from
 _utf8 = codecs.utf_8_decode  # (text, bytes used): bytes of a character cut at the end are left unused
 _json = msgspec.json.Encoder()
+_values = msgspec.json.Decoder()
 
 
 def _shape(model, dims) -> tuple:
@@ -84,18 +86,42 @@ class TextModel:
         self.has_finish = "finish_reason" in outputs
         self.excludes_input = "exclude_input_in_output" in inputs
 
-    def build(self, request_id: str, prompt: bytes, stream: bool, sampling: dict, echo: bool) -> InferRequest:
-        """The core request for one choice."""
-        shapes = self.shapes
-        inputs = [InferTensor(TEXT_INPUT, "BYTES", shapes[TEXT_INPUT], raw=_pack_len(len(prompt)) + prompt)]
-        parameters: dict[str, Any] = {}
+    # ---- one call's inputs: made once, shared by its choices ---------------------------------
+
+    def prompt_input(self, prompt: str) -> bytes:
+        """The text_input tensor's bytes for a prompt (every choice of that prompt shares them)."""
+        data = prompt.encode("utf-8")
+        return _pack_len(len(data)) + data
+
+    def sampling_input(self, sampling: dict):
+        """The sampling fields as the model takes them: the sampling_parameters tensor's bytes, or
+        (a model without that input) the request parameters, scalars as they are and lists and
+        objects as JSON text. `sampling` maps field names to JSON text (msgspec.Raw, as sent) or
+        to values."""
         if self.has_sampling:
             text = _json.encode(sampling)
-            inputs.append(InferTensor("sampling_parameters", "BYTES", shapes["sampling_parameters"],
-                                      raw=_pack_len(len(text)) + text))
+            return _pack_len(len(text)) + text
+        return {key: _parameter(value) for key, value in sampling.items()}
+
+    def seeded_input(self, sampling: dict, shared, seed: int):
+        """sampling_input with another seed (a choice of a seeded call with n > 1); `shared` is
+        sampling_input(sampling): a model without sampling_parameters reuses its converted values."""
+        if self.has_sampling:
+            text = _json.encode(dict(sampling, seed=seed))
+            return _pack_len(len(text)) + text
+        return dict(shared, seed=seed)
+
+    def build(self, request_id: str, prompt: bytes, stream: bool, sampling, echo: bool) -> InferRequest:
+        """The core request for one choice: `prompt` from prompt_input, `sampling` from sampling_input
+        (the bytes and the dict are shared by the call's choices, never copied per choice)."""
+        shapes = self.shapes
+        inputs = [InferTensor(TEXT_INPUT, "BYTES", shapes[TEXT_INPUT], raw=prompt)]
+        parameters: dict[str, Any]
+        if self.has_sampling:
+            inputs.append(InferTensor("sampling_parameters", "BYTES", shapes["sampling_parameters"], raw=sampling))
+            parameters = {}
         else:
-            for key, value in sampling.items():
-                parameters[key] = value if isinstance(value, (str, int, float, bool)) else _json.encode(value).decode()
+            parameters = sampling
         for name, value in (("stream", stream), ("exclude_input_in_output", not echo),
                             ("return_num_input_tokens", True), ("return_num_output_tokens", True),
                             ("return_finish_reason", True)):
@@ -103,6 +129,16 @@ class TextModel:
             if shape is not None:
                 inputs.append(InferTensor(name, "BOOL", shape, raw=_TRUE if value else _FALSE))
         return InferRequest(self.name, self.version, request_id, inputs, None, parameters)
+
+
+def _parameter(value):
+    """A sampling field as a request parameter: a scalar as it is, a list or an object as JSON text."""
+    if isinstance(value, msgspec.Raw):
+        text = bytes(value)
+        if text[:1] in (b"[", b"{"):
+            return text.decode("utf-8")
+        value = _values.decode(text)
+    return value if isinstance(value, (str, int, float, bool)) else _json.encode(value).decode()
 
 
 def _text_problem(model) -> Optional[str]:

@@ -59,6 +59,12 @@ def bad_request(message: str, param: Optional[str] = None, code: Optional[str] =
     return ApiError(400, message, INVALID_REQUEST, param, code)
 
 
+def answer_too_large(limit: int, advice: str) -> ApiError:
+    """A non-streamed answer that would pass --http-max-json-output-size."""
+    return ApiError(400, f"the answer passed {limit} bytes, the most a JSON answer may take "
+                         f"(--http-max-json-output-size); {advice}", INVALID_REQUEST, None, "answer_too_large")
+
+
 def model_not_found(name: str) -> ApiError:
     return ApiError(404, f"The model '{name}' does not exist or is not ready", INVALID_REQUEST, "model",
                     "model_not_found")

@@ -12,8 +12,14 @@ never a model's tensors, and it is bounded:
   them pile up; past MAX_PENDING_BYTES the call's requests are cancelled (the model sees
   is_cancelled()) and the stream ends with an error event once the client reads on. The stream is
   a holder of the server's account of held bytes (kernel.core.holding) whenever it holds any (what
-  waits here and in the connection's write buffer), so a client that stops reading is cut after
-  --client-stall-timeout-secs, and all streams together stay within --max-held-output-bytes.
+  waits here; what waits in its connection's write buffer the connection counts), so a client
+  that stops reading is cut after --client-stall-timeout-secs, and all streams together stay
+  within --max-held-output-bytes.
+- A non-streamed answer's text is kept until the last choice ends; past --http-max-json-output-size
+  the call's requests are cancelled and the client gets a 400 naming that limit. While it grows
+  it is in the same account (it waits for this client), so it counts against
+  --max-held-output-bytes; cut there, the call answers 503 naming the reason. Once written, what
+  the client has not read waits in its connection, which the listener counts (http_limits).
 - A client that goes away cancels every request of the call.
 
 The writer sends everything that arrived since its last write in one body message: a client
@@ -33,9 +39,14 @@ from kernel.core.errors import KernelError
 from kernel.core.request import InferResponse
 from kernel.transports.asgi import start_stream
 from kernel.transports.openai.convention import ChoiceText, TextModel, finish_reason
+from kernel.transports.openai.schema import offset_seed
 from kernel.transports.reset import reset
-from kernel.transports.openai.errors import SERVER_ERROR, ApiError, error_body, from_kernel, send_error
+from kernel.transports.openai.errors import (
+    SERVER_ERROR, ApiError, answer_too_large, error_body, from_kernel, send_error,
+)
 
+# A choice whose inputs take more than this is submitted in a loop turn of its own (see submit).
+YIELD_BYTES = 64 * 1024
 MAX_PENDING_BYTES = 1 << 20  # encoded events one stream may hold for a client that reads too slowly
 _WATCH_BYTES = 64 * 1024  # pending bytes past which a stream joins the held-bytes account before any write
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -47,8 +58,11 @@ class Generation:
     """The choices of one /v1/chat/completions or /v1/completions call."""
 
     def __init__(self, server, model_name: str, text_model: TextModel, chat: bool, prompts: list[str], n: int,
-                 max_tokens: Optional[int], include_usage: bool, echo: bool) -> None:
+                 max_tokens: Optional[int], include_usage: bool, echo: bool,
+                 answer_limit: int = 64 * 1024 * 1024) -> None:
         self.server = server
+        self.answer_limit = answer_limit  # the most bytes a non-streamed answer may take (--http-max-json-output-size)
+        self.text_size = 0  # non-streaming: characters of text held in `texts` (a lower bound of their bytes)
         self.chat = chat
         self.text_model = text_model
         self.id = ("chatcmpl-" if chat else "cmpl-") + os.urandom(12).hex()
@@ -67,6 +81,9 @@ class Generation:
         self.texts: list[list[str]] = [[] for _ in range(count)]  # non-streaming: the text of each choice
         self.announced = [False] * count  # streaming: the choice's first chunk went out (chat: with its role)
         self.requests: list = []
+        self._inputs: list = []  # prepare(): each prompt's text_input bytes
+        self._sampling: list = []  # prepare(): the sampling input (one shared; n with a seed and n > 1)
+        self._sampling_size = 0
         self.stream = False
         self.remaining = count
         self.committed = False  # a response with data came: the status is 200
@@ -76,6 +93,7 @@ class Generation:
         self.pending: list[bytes] = []
         self.pending_bytes = 0
         self.transport = None  # the connection (for its write buffer), when the listener gives it
+        self.trace = None  # tracing.CallTrace of a sampled call: its requests carry its traces
         self._started = False  # the stream's status and headers were sent
         self._waiter: Optional[asyncio.Future] = None
         model_json = _json.encode(model_name)
@@ -89,19 +107,53 @@ class Generation:
 
     # ---- submitting ----------------------------------------------------------------------------
 
-    def submit(self, stream: bool, sampling: dict, seeded: bool) -> None:
-        """Submit every choice; ApiError when the core refuses one (the others are cancelled)."""
+    def prepare(self, sampling: dict, seed: Optional[int], copy_limit: int) -> None:
+        """Make what the choices share: each prompt's text_input bytes and the sampling fields, once
+        (a large body's calls run this off the event loop). With a seed and n > 1 each choice has
+        a seed of its own, so its own copy of the sampling fields: those copies together may take
+        at most `copy_limit` bytes (the largest body the server takes), else 400 naming it."""
+        tm = self.text_model
+        self._inputs = [tm.prompt_input(p) for p in self.prompts]
+        if not self.echo_here:
+            self.prompts = []  # kept only to be echoed
+        shared = tm.sampling_input(sampling)
+        self._sampling = [shared]
+        # What a choice's sampling fields take: the tensor's bytes, or about as much as parameters.
+        size = self._sampling_size = len(shared) if isinstance(shared, bytes) else sum(
+            len(v) for v in sampling.values() if isinstance(v, msgspec.Raw))
+        if seed is None or self.n == 1:
+            return
+        copies = self.n - 1
+        if size * copies > copy_limit:
+            raise ApiError(400, f"with 'seed' and n={self.n} each choice gets a copy of the sampling fields of its "
+                                f"own ({size} bytes): {size * copies} bytes in all, more than the largest request "
+                                f"the server takes ({copy_limit} bytes, --http-max-input-size); ask for fewer "
+                                "choices or send fewer fields", param="n")
+        self._sampling += [tm.seeded_input(sampling, shared, offset_seed(seed, j)) for j in range(1, self.n)]
+
+    async def submit(self, stream: bool) -> None:
+        """Submit every choice (after prepare); ApiError when the core refuses one (the others are cancelled).
+
+        A choice whose inputs are large costs the backend a copy of them (into a worker's shared
+        memory) as it is submitted: ~10 ms for 8 MiB. The loop gets a turn between two such choices,
+        so n of them never hold it for n copies in a row."""
         self.stream = stream
         tm = self.text_model
+        parts = self._sampling
+        each = len(parts) > 1
         index = 0
-        for prompt in self.prompts:
-            data = prompt.encode("utf-8")
+        for data in self._inputs:
+            large = len(data) + self._sampling_size > YIELD_BYTES
             for j in range(self.n):
-                params = sampling
-                if seeded and j:
-                    params = dict(sampling, seed=_offset_seed(sampling["seed"], j))
-                request = tm.build(self.id if index == 0 else f"{self.id}-{index}", data, stream, params, self.echo)
+                if large and index:
+                    await asyncio.sleep(0)
+                    if self.closed:
+                        return
+                request = tm.build(self.id if index == 0 else f"{self.id}-{index}", data, stream,
+                                   parts[j] if each else parts[0], self.echo)
                 request.on_response = self._responder(index)
+                if self.trace is not None:
+                    request.trace = self.trace.for_request(index)
                 self.requests.append(request)
                 try:
                     self.server.submit(request)
@@ -110,6 +162,7 @@ class Generation:
                     self.cancel()
                     raise from_kernel(exc, self.model_name) from None
                 index += 1
+        self._inputs = self._sampling = ()  # the requests hold them now
 
     def _responder(self, index: int):
         def on_response(response: InferResponse) -> None:
@@ -139,10 +192,19 @@ class Generation:
                 self._add(self._chunk(index, text, finish_reason(choice, self.max_tokens) if final else None))
             elif text:
                 self.texts[index].append(text)
+                self.text_size += len(text)
+                if self.text_size > _WATCH_BYTES:
+                    if self.text_size > self.answer_limit:
+                        self._drop_texts()
+                        self._fail(self._too_large())
+                        return
+                    self.server.held_output.watch(self)
             self.announced[index] = True
         if final:
             self.remaining -= 1
             if self.remaining == 0:
+                if self.trace is not None:
+                    self.trace.answered(response)
                 if self.stream:
                     if self.include_usage:
                         self._add(self._usage_chunk())
@@ -189,6 +251,15 @@ class Generation:
 
     # ---- the client ----------------------------------------------------------------------------
 
+    def end(self, reason: str) -> bool:
+        """End the call with an error naming `reason` (the server is stopping): a stream gets it as
+        its last event, a call that sent nothing yet as its answer (503). False: it had ended."""
+        if self.finished or self.closed:
+            return False
+        self._drop_texts()
+        self._fail(ApiError(503, reason, SERVER_ERROR, None, "server_stopping"))
+        return True
+
     def disconnected(self) -> None:
         """The client went away: cancel the requests, write nothing more."""
         self.closed = True
@@ -196,15 +267,20 @@ class Generation:
         self._wake()
 
     def held_bytes(self) -> int:
-        """kernel.core.holding.Holder: what waits for this client here and in its connection."""
-        held = self.pending_bytes
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            held += transport.get_write_buffer_size()
-        return held
+        """kernel.core.holding.Holder: what waits here for this client: a stream's events not yet
+        written, or a non-streamed answer's text while it is generated. (What waits in the
+        connection's write buffer is the connection's to count: kernel.transports.http_limits.)"""
+        if self.stream:
+            return self.pending_bytes
+        return 0 if self.finished or self.closed else self.text_size
 
     def cut(self, reason: str) -> None:
-        """kernel.core.holding.Holder: drop the client (it stopped reading)."""
+        """kernel.core.holding.Holder: drop the client. A stream is reset (it stopped reading); a
+        non-streamed answer that has sent nothing yet ends with a 503 naming the reason instead."""
+        if not self.stream and not self.closed and not self.finished:
+            self._drop_texts()
+            self._fail(ApiError(503, f"the answer was dropped: {reason}", SERVER_ERROR, None, "server_overloaded"))
+            return
         self.disconnected()
         self.pending.clear()
         self.pending_bytes = 0
@@ -242,15 +318,15 @@ class Generation:
                     await send({"type": "http.response.body", "body": data, "more_body": not done})
                 if done:
                     return
-                transport = self.transport
-                if transport is not None and transport.get_write_buffer_size():
-                    held.watch(self)
         finally:
             held.unwatch(self)
 
     async def wait_all(self) -> None:
-        while not self.finished and not self.closed:
-            await self._wait()
+        try:
+            while not self.finished and not self.closed:
+                await self._wait()
+        finally:
+            self.server.held_output.unwatch(self)
 
     def answer(self) -> bytes:
         """The non-streaming answer (after wait_all, without error)."""
@@ -263,10 +339,20 @@ class Generation:
                                 "logprobs": None, "finish_reason": reason})
             else:
                 choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
-        return _json.encode({
+        out = _json.encode({
             "id": self.id, "object": "chat.completion" if self.chat else "text_completion", "created": self.created,
             "model": self.model_name, "choices": choices, "usage": self.usage(), "system_fingerprint": None,
         })
+        if len(out) > self.answer_limit:
+            raise self._too_large()
+        return out
+
+    def _drop_texts(self) -> None:
+        self.texts = [[] for _ in self.texts]
+        self.text_size = 0
+
+    def _too_large(self) -> ApiError:
+        return answer_too_large(self.answer_limit, "ask for fewer tokens or choices, or stream the answer")
 
     # ---- encoding ------------------------------------------------------------------------------
 
@@ -296,6 +382,3 @@ class Generation:
     def _usage_chunk(self) -> bytes:
         return self._prefix + b'],"usage":' + _json.encode(self.usage()) + b"}\n\n"
 
-
-def _offset_seed(seed: int, offset: int) -> int:
-    return (seed + offset) % (1 << 64) if seed >= 0 else seed + offset

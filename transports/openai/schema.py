@@ -1,9 +1,9 @@
 """The OpenAI request bodies: decoded and checked once, with msgspec.
 
-A body is decoded to plain JSON values first (kept: every field a model may read reaches it,
-extensions like vLLM's `top_k` included), then converted to the typed structs below, which refuse
-wrong types and out-of-range values with the JSON path of the field (`Expected `int` <= 128 - at
-`$.n``). Ranges are OpenAI's where it documents them; `max_tokens` is bounded by what a 32-bit
+A body is decoded twice, in one pass each: to its fields as JSON text (msgspec.Raw, kept: every
+field a model may read reaches it as sent, extensions like vLLM's `top_k` included, without ever
+being built into Python objects), and to the typed structs below, which refuse wrong types and
+out-of-range values with the JSON path of the field (`Expected `int` <= 128 - at `$.n``). Ranges are OpenAI's where it documents them; `max_tokens` is bounded by what a 32-bit
 engine can hold, the model refuses what exceeds its own context.
 
 `sampling_parameters` builds the vLLM convention's JSON string: every request field except those
@@ -93,29 +93,43 @@ _NOT_SAMPLING = frozenset({
 })
 
 
+_fields = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_typed: dict = {}
+
+
 def decode(body: bytes, kind: type):
-    """(typed request, the JSON object as sent); ApiError(400) naming what is wrong."""
+    """(typed request, the body's fields as JSON text: {name: msgspec.Raw}); ApiError(400) naming
+    what is wrong.
+
+    The fields stay text: a field the typed struct does not know (vLLM's `top_k`, or two million
+    integers from a hostile client) is never built into Python objects, only passed on as it was
+    sent (issue 31: building and re-encoding them froze the front for seconds)."""
     if not body.strip():
         raise bad_request("the request body is empty: send a JSON object")
     try:
-        doc = msgspec.json.decode(body)
+        fields = _fields.decode(body)
+        if not body.isascii():  # skipped fields are not checked for UTF-8 by msgspec: check them all here
+            str(body, "utf-8")
+    except msgspec.ValidationError:
+        raise bad_request("the request body must be a JSON object") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise bad_request("the request body is not valid JSON: it is nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise bad_request("the request body must be a JSON object")
+    decoder = _typed.get(kind)
+    if decoder is None:
+        decoder = _typed[kind] = msgspec.json.Decoder(kind)
     try:
-        typed = msgspec.convert(doc, kind)
+        typed = decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
         raise bad_request(f"invalid request: {text}", _param(text)) from None
-    except RecursionError:
+    except (msgspec.DecodeError, RecursionError):
         raise bad_request("invalid request: nested too deeply") from None
     seed = getattr(typed, "seed", None)
     if seed is not None and not -(1 << 63) <= seed < (1 << 64):
         raise bad_request("invalid request: 'seed' must be a 64-bit integer", "seed")
-    return typed, doc
+    return typed, fields
 
 
 def _param(text: str) -> Optional[str]:
@@ -137,18 +151,24 @@ def max_tokens(request) -> Optional[int]:
     return getattr(request, "max_completion_tokens", None) or request.max_tokens
 
 
-def sampling_parameters(doc: dict, request, seed_offset: int = 0) -> dict:
-    """The sampling fields of a request, as the vLLM convention's JSON object carries them.
-
-    With n > 1 each choice is its own request: choice i (i > 0) gets seed + i, so seeded choices
-    differ from each other and stay reproducible."""
-    out = {k: v for k, v in doc.items() if v is not None and k not in _NOT_SAMPLING}
+def sampling_parameters(fields: dict, request) -> dict:
+    """The sampling fields of a request (see the module docstring): {name: JSON text as sent}, and
+    max_tokens as a number."""
+    out: dict[str, Any] = {k: v for k, v in fields.items() if k not in _NOT_SAMPLING and not _is_null(v)}
     limit = max_tokens(request)
     if limit is not None:
         out["max_tokens"] = limit
-    if seed_offset and request.seed is not None:
-        out["seed"] = (request.seed + seed_offset) % (1 << 64) if request.seed >= 0 else request.seed + seed_offset
     return out
+
+
+def _is_null(raw: msgspec.Raw) -> bool:
+    return len(raw) == 4 and bytes(raw) == b"null"
+
+
+def offset_seed(seed: int, offset: int) -> int:
+    """The seed of choice `offset` of a seeded call with n > 1: seeded choices differ from each
+    other and stay reproducible."""
+    return (seed + offset) % (1 << 64) if seed >= 0 else seed + offset
 
 
 def check_chat(request: ChatRequest) -> None:

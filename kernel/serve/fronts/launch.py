@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kernel.serve import cli
 from kernel.serve.startup import run, service_failure
 
 log = logging.getLogger("kernel.core.server")
@@ -22,13 +21,13 @@ _PORT_FLAGS = {"HTTPService": "--http-port", "GRPCInferenceService": "--grpc-por
                "OpenAIService": "--openai-port"}
 
 
-async def serve_with_fronts(args, count: int, stop: asyncio.Event) -> int:
+async def serve_with_fronts(server, remote, args, count: int, stop: asyncio.Event) -> int:
+    """Run `server` (built from `args` by the CLI) as the supervisor of `count` fronts."""
     from kernel.core.transport import TransportStartError
     from kernel.serve.fronts.supervisor import FrontSupervisor
     from kernel.transports import listen
     from kernel.transports.metrics import MetricsTransport
 
-    server = cli.build_server(args)
     metrics = [t for t in server.transports if isinstance(t, MetricsTransport)]
     client = [t for t in server.transports if not isinstance(t, MetricsTransport)]
     reserved, overrides = [], []
@@ -57,10 +56,5 @@ async def serve_with_fronts(args, count: int, stop: asyncio.Event) -> int:
     python = server.backends.get("python")
     if python is not None:
         python.on_restarted = lambda instance: asyncio.ensure_future(supervisor.hub.relink(instance))
-    remote = None
-    if args.allow_remote_binding:
-        from kernel.serve.remote import remote_binding_host
-
-        remote = remote_binding_host(server, args)
     log.info("serving clients from %d front processes", count)
     return await run(server, remote, stop, fronts=supervisor)

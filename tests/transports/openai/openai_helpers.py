@@ -127,3 +127,68 @@ def read_events(sock: socket.socket, count: int, timeout: float = 30.0) -> bytes
             break
         data += chunk
     return data
+
+
+def rss_kb(pid: int, key: str = "VmRSS") -> int:
+    """One field of /proc/<pid>/status in KiB (VmRSS, RssAnon: the heap, without shared memory)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {key}")
+
+
+class LiveProbe:
+    """While a `with` block runs: GET /v2/health/live on the KServe port one after another (its
+    latency shows whether the front's event loop is free), and the front's peak RssAnon."""
+
+    def __init__(self, server: KernelProcess, pause: float = 0.005):
+        self.server = server
+        self.pause = pause
+        self.latencies: list[float] = []
+        self.peak_anon_kb = 0
+        self._stop = False
+        self._thread = None
+
+    def __enter__(self) -> "LiveProbe":
+        import threading
+
+        self.base_anon_kb = rss_kb(self.server.proc.pid, "RssAnon")
+        self.peak_anon_kb = self.base_anon_kb
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        time.sleep(0.05)
+        return self
+
+    def _run(self) -> None:
+        host, port = self.server.url.split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            while not self._stop:
+                start = time.monotonic()
+                conn.request("GET", "/v2/health/live")
+                response = conn.getresponse()
+                response.read()
+                self.latencies.append(time.monotonic() - start)
+                assert response.status == 200
+                self.peak_anon_kb = max(self.peak_anon_kb, rss_kb(self.server.proc.pid, "RssAnon"))
+                time.sleep(self.pause)
+        finally:
+            conn.close()
+
+    def __exit__(self, *exc) -> None:
+        self._stop = True
+        self._thread.join(60)
+
+    def p99(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+    def assert_free(self, p99_s: float = 0.1, max_s: float = 1.0) -> None:
+        """The loop stayed free: p99 latency under p99_s, none over max_s (generous: the box is shared)."""
+        assert len(self.latencies) >= 10, self.latencies
+        worst = max(self.latencies)
+        assert self.p99() < p99_s and worst < max_s, (
+            f"/v2/health/live p99 {self.p99() * 1000:.0f} ms, max {worst * 1000:.0f} ms over {len(self.latencies)}")
+
+    def anon_growth_mib(self) -> float:
+        return (self.peak_anon_kb - self.base_anon_kb) / 1024

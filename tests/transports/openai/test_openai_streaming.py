@@ -211,7 +211,8 @@ def test_a_client_that_never_reads_costs_bounded_memory_and_is_cut(flood):
 
 def test_streams_finish_at_shutdown_within_the_exit_timeout(tmp_path):
     """At Ctrl-C a stream that ends within --exit-timeout-secs is written whole; one that would
-    not is cut when the timeout is spent, and the server exits."""
+    not ends with an error event when the timeout is spent (it ended with a bare EOF and an ERROR
+    traceback in the log, issue 31 N10), one warning says so, and the server exits."""
     tiny_lm(tmp_path, "slow_lm", delay_ms=50)
     k = OpenAIServer([tmp_path], "--exit-timeout-secs", "6")
     try:
@@ -236,8 +237,15 @@ def test_streams_finish_at_shutdown_within_the_exit_timeout(tmp_path):
                 break
             rest += chunk
         assert b"[DONE]" not in rest
+        assert rest.endswith(b"\r\n0\r\n\r\n")  # the chunked body's end: not a cut
+        last = json.loads(rest[:-len(b"\n\n\r\n0\r\n\r\n")].rsplit(b"data: ", 1)[1])
+        assert last["error"] == {"message": "the server is stopping and its exit timeout (6 s) is spent",
+                                 "type": "server_error", "param": None, "code": "server_stopping"}
         assert k.proc.wait(20) == 0
         assert 5 <= time.monotonic() - started < 15
+        log = k.log()
+        assert log.count("OpenAI API: 1 call still generating at the exit timeout ended with an error") == 1
+        assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
     finally:
         for s in (short, endless):
             s.close()
