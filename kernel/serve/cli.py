@@ -488,10 +488,9 @@ async def _serve(args, stop: asyncio.Event) -> int:
 
     fronts = count.resolve(args.front_processes) if getattr(args, "argv", None) is not None else 1
     single = count.single_front_reason(args) if fronts > 1 else ""
-    if single:  # one front (auto), or refused (a count)
+    if single:
         if args.front_processes != "auto":
-            log.error("error: creating server: --front-processes %d: %s", fronts, single)
-            return 1
+            log.warning("--front-processes %d: one front process serves: %s", fronts, single)
         fronts = 1
     with signals_interrupt(stop):  # the imports below hold the loop; a signal still stops at once
         server = build_server(args)

@@ -274,3 +274,57 @@ def test_many_clients_on_both_fronts_get_their_own_answers(kernel, fronts):
 
     with ThreadPoolExecutor(16) as pool:
         assert all(pool.map(one, range(64)))
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    yield from running(KernelProcess([SCHEDULING / "batching"], "--front-processes", "3"))
+
+
+def test_a_batch_forms_from_requests_of_different_fronts(three):
+    """While the instance runs one batch, requests that came through two other fronts wait for it
+    together and run as one batch (the worker merges what waits for it), as one queue would."""
+    pids = wait_for_fronts(three.proc.pid, 3)
+    conns = {i: http_connection_to(three.http_port, i, pids) for i in (1, 2, 3)}
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": A.tolist()},
+                       {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": B.tolist()}]}
+    batches: dict[int, int] = {}
+
+    def send(i: int) -> None:
+        status, doc = call(conns[i], "POST", "/v2/models/dyn_batch/infer", body)
+        assert status == 200, doc
+        batches[i] = {o["name"]: o["data"] for o in doc["outputs"]}["BATCH"][0]
+
+    for attempt in range(3):  # a loaded machine can stretch the 100 ms execution's timing
+        first = threading.Thread(target=send, args=(1,))
+        first.start()
+        time.sleep(0.03)  # front 1's batch is executing (100 ms)
+        others = [threading.Thread(target=send, args=(i,)) for i in (2, 3)]
+        for t in others:
+            t.start()
+        for t in (first, *others):
+            t.join(30)
+        if batches.get(2) == 2 and batches.get(3) == 2:
+            break
+    assert batches[1] == 1 and batches[2] == 2 and batches[3] == 2, batches
+    for c in conns.values():
+        c.close()
+
+
+def test_every_front_writes_its_traces_into_the_one_trace_file(tmp_path):
+    trace_file = tmp_path / "trace.json"
+    k = KernelProcess([EXAMPLES], "--front-processes", "2", "--trace-config", f"triton,file={trace_file}",
+                      "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1")
+    try:
+        k.wait_ready()
+        pids = wait_for_fronts(k.proc.pid, 2)
+        for i in (1, 2):
+            conn = http_connection_to(k.http_port, i, pids)
+            for _ in range(3):
+                add_sub(conn)
+            conn.close()
+    finally:
+        k.stop()
+    traces = json.loads(trace_file.read_text())  # one valid JSON array, closed at shutdown
+    ids = {t["id"] for t in traces}
+    assert len(ids) == 6 and all(t.get("model_name") == "add_sub" for t in traces if "model_name" in t)

@@ -75,6 +75,8 @@ class Front:
         server = cli.build_server(args)
         server.control = ForwardedControl(self.channel)
         server.peers = FrontPeers(self.channel)
+        # Trace files are the supervisor's: one file, every front's traces in it, ids kept apart.
+        server.tracer.forward_records(self._forward_traces, self.index, self.own.fronts + 1)
         self.mirror = Mirror(server, self.index, attach.attach_instances, attach.relay_scheduler(self))
         self.server = server
         return server
@@ -172,6 +174,14 @@ class Front:
             except KernelError:
                 return {"model_stats": []}  # not (yet, or any more) served here: nothing to add
         return front_families(self.server)
+
+    def _forward_traces(self, path: str, records: str, indexed: bool) -> None:
+        from kernel.serve.fronts import messages as m
+
+        try:
+            self.channel.send(m.TraceRecords(0, path, records, indexed))
+        except ConnectionError:
+            pass  # the supervisor is gone: so is its file
 
     # ---- stopping ------------------------------------------------------------------------------
 

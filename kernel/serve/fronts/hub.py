@@ -214,6 +214,9 @@ class Hub:
             return await self.statistics(msg.name, msg.version)
         if kind is m.MetricsText:
             return await self.metrics_text()
+        if kind is m.TraceRecords:
+            self.server.tracer.save_records(msg.path, msg.records, msg.indexed)
+            return None
         if kind is m.Regions:
             return await self._regions_change(msg)
         if kind is m.LogChange:

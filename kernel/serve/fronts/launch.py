@@ -53,6 +53,8 @@ async def serve_with_fronts(server, remote, args, count: int, stop: asyncio.Even
     supervisor = FrontSupervisor(server, serve_argv, count, client, reserved)
     for t in metrics:
         t.service.others = supervisor.hub.front_metrics
+    # Trace ids of BLS and relayed calls traced here stay apart from every front's (front i: i, i + N + 1, ...).
+    server.tracer.forward_records(None, count + 1, count + 1)
     python = server.backends.get("python")
     if python is not None:
         python.on_restarted = lambda instance: asyncio.ensure_future(supervisor.hub.relink(instance))

@@ -61,6 +61,15 @@ class MetricsText(msgspec.Struct, tag="metrics_text", array_like=True):
     key: int
 
 
+class TraceRecords(msgspec.Struct, tag="trace_records", array_like=True):
+    """Finished traces (Triton's JSON records) for the trace file the supervisor writes."""
+
+    key: int
+    path: str
+    records: str
+    indexed: bool
+
+
 # ---- both directions -------------------------------------------------------------------------
 
 
@@ -181,5 +190,5 @@ class Stop(msgspec.Struct, tag="stop", array_like=True):
     key: int
 
 
-ToSupervisor = Union[Reply, Hello, Control, Statistics, MetricsText, Regions, LogChange, TraceChange]
+ToSupervisor = Union[Reply, Hello, Control, Statistics, MetricsText, TraceRecords, Regions, LogChange, TraceChange]
 ToFront = Union[Reply, Publish, Relink, RelayLink, AllReady, Collect, Stop, Regions, LogChange, TraceChange]
