@@ -27,7 +27,7 @@ from kernel.core import stats as st
 from kernel.core.gpu import NvmlReader
 from kernel.core.scheduling import in_flight_count
 from kernel.observe.gpu_metrics import gpu_families
-from kernel.observe import cache_metrics
+from kernel.observe import cache_metrics, metrics_totals
 from kernel.observe.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetrics
 from kernel.observe.distributions import SUMMARIES, LatencyObserver, add_histogram, add_summary, format_value
 
@@ -343,7 +343,11 @@ class MetricsService:
             return await peers.metrics_text()
         if self.others is None:
             return self.text()
-        from kernel.observe.metrics_totals import merge
+        return render(metrics_totals.merge(list(self.collector.collect()), await self.others()))
 
-        return render(merge(list(self.collector.collect()), await self.others()))
+
+def front_families(server) -> list:
+    """A front's own model families, as data for the supervisor's totals (no CPU, GPU or custom
+    metrics: those are the supervisor's)."""
+    return metrics_totals.families_data(ServerCollector(server, server.metrics_config, None, None).collect())
 

@@ -22,13 +22,6 @@ def families_data(metrics: Iterable) -> list:
             for m in metrics]
 
 
-def front_families(server) -> list:
-    """A front's own model families (no CPU, GPU or custom metrics: those are the supervisor's)."""
-    from kernel.observe.metrics import ServerCollector
-
-    return families_data(ServerCollector(server, server.metrics_config, None, None).collect())
-
-
 def merge(local: list, others: list[list]) -> list:
     """The supervisor's Metric objects with every front's families (families_data) added in."""
     from prometheus_client.metrics_core import Metric

@@ -166,7 +166,7 @@ class Front:
 
     def _collect(self, msg):
         from kernel.core.errors import KernelError
-        from kernel.observe.metrics_totals import front_families
+        from kernel.observe.metrics import front_families
 
         if msg.what == "statistics":
             try:
