@@ -1,7 +1,8 @@
 """The CuPy stand-in (tests/gpu/fake_cupy) as the GPU tests use it: a server's environment with it
 first on the import path, its log of copies and IPC events read per process, and the stand-in
 loaded under another name for the test's own "client" allocations (this process never imports
-`cupy`). Shared by the tests that run a real `kernel serve` against it.
+`cupy`). Shared by the tests that run a real `kernel serve` against it; `infer` by the real-GPU
+tests too.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ def fake():
 
 
 def infer(server, model, inputs: dict, outputs=None, protocol="http"):
+    """One tritonclient request (the real-GPU tests' too: 120 s for their 64 MiB tensors)."""
     lib = httpclient if protocol == "http" else grpcclient
-    c = lib.InferenceServerClient(server.url if protocol == "http" else server.grpc_url)
+    c = (httpclient.InferenceServerClient(server.url, network_timeout=120) if protocol == "http"
+         else grpcclient.InferenceServerClient(server.grpc_url))
     try:
         ins = []
         for name, value in inputs.items():

@@ -33,6 +33,7 @@ import struct
 import threading
 import time
 import types
+import weakref
 
 import numpy as np
 
@@ -77,7 +78,8 @@ def _address(m: mmap.mmap) -> int:
 # ---- allocations and IPC ---------------------------------------------------------------------------
 
 _lock = threading.RLock()
-_allocations: dict[int, "Memory"] = {}  # base pointer -> live Memory of this process
+# base pointer -> live Memory of this process (weakly: an allocation is freed when its last user lets go)
+_allocations: "weakref.WeakValueDictionary[int, Memory]" = weakref.WeakValueDictionary()
 _opened: dict[bytes, list] = {}  # handle -> [pointer, opens, mmap]
 _opened_by_ptr: dict[int, bytes] = {}
 _local = threading.local()
@@ -178,7 +180,7 @@ def get_current_stream():
 
 def _allocation_of(ptr: int) -> "Memory":
     with _lock:
-        for base, mem in _allocations.items():
+        for base, mem in list(_allocations.items()):
             if base <= ptr < base + max(mem.size, 1):
                 return mem
     raise CUDARuntimeError("cudaErrorInvalidValue: invalid argument (not a device allocation of this process)")
