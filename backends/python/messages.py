@@ -34,6 +34,9 @@ class Tensor(msgspec.Struct, array_like=True, omit_defaults=True):
     ipc: Optional[bytes] = None
     device: int = -1
     token: int = 0
+    # Front -> worker: the handle is a client's CUDA shared-memory region: the worker keeps its
+    # mapping open for the next request until the front sends DeviceUnmap for it.
+    keep: bool = False
 
 
 class Request(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -149,6 +152,14 @@ class DeviceRelease(msgspec.Struct, tag="device_release", array_like=True):
     """
 
     tokens: list[int]
+
+
+class DeviceUnmap(msgspec.Struct, tag="device_unmap", array_like=True):
+    """Front -> worker: these CUDA regions (Tensor.keep) are unregistered and none of this front's
+    requests uses them: the worker closes its mappings of them once the model's arrays are gone."""
+
+    handles: list[bytes]
+    devices: list[int]
 
 
 # worker -> front
@@ -322,7 +333,7 @@ class SegmentRemoved(msgspec.Struct, tag="segment_removed", array_like=True):
 
 ToWorker = Union[
     Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, SegmentRemoved, BlsResponses, CheckReady, MetricReply,
-    SetLog, ModelControlResult, DeviceRelease, LinkAdded, Usage,
+    SetLog, ModelControlResult, DeviceRelease, DeviceUnmap, LinkAdded, Usage,
 ]
 ToFront = Union[
     Started, Ready, Responses, Finalized, SegmentAdded, SegmentRemoved, BlsRequest, BlsCancel, Release, ReadyResult,

@@ -35,7 +35,7 @@ from kernel.backends.python.board import BoardView
 from kernel.backends.python.cancel_grace import CancelGrace
 from kernel.backends.python.gpu_front import DeviceTensors
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
-from kernel.core.device_memory import wire_form
+from kernel.core.device_memory import kept_open, wire_form
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor, check_correlation_id
 
@@ -57,6 +57,10 @@ class RequestPath(BackendInstance):
         self.settings = settings  # instance.WorkerSettings
         self.healthy = False
         self._stopping = False
+        # FORCE_CPU_ONLY_INPUT_TENSORS (backend.force_cpu_only_input_tensors checked its value): "no"
+        # lets GPU inputs reach execute on the GPU; else the model takes host copies of them.
+        param = source.config.parameters.get("FORCE_CPU_ONLY_INPUT_TENSORS")
+        self._cpu_inputs = param is None or param.string_value != "no"
 
     def _reset_path(self) -> None:
         """Fresh state of the link: a restarted worker (or a replaced link) starts from here."""
@@ -181,8 +185,15 @@ class RequestPath(BackendInstance):
                 inputs = []
                 packed.append(inputs)
                 for t in request.inputs:
-                    if t.device is not None:  # a GPU tensor: lent to the worker as its IPC handle
-                        inputs.append(self._gpu.lend(t))
+                    if t.device is not None:  # a GPU tensor: lent to the worker as its IPC handle, unless
+                        # small, for a model taking CPU inputs, and kept mapped here (a client's CUDA
+                        # region, a running worker's permanent block): then copied here, as a system
+                        # region is read (one small cudaMemcpy; the worker would copy it too, after
+                        # one more message each way)
+                        if self._cpu_inputs and t.device.nbytes <= wire.INLINE_LIMIT and kept_open(t.device):
+                            inputs.append(messages.Tensor(t.name, t.datatype, t.shape, t.device.to_host()))
+                        else:
+                            inputs.append(self._gpu.lend(t))
                         continue
                     raw = t.raw
                     if len(raw) <= wire.INLINE_LIMIT:  # inline, as wire.pack does, minus its copy: msgspec

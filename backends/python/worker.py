@@ -184,6 +184,8 @@ class Worker(InlineWaits, ExecuteResults):
                 self.arena.free(seg, off)
         elif kind is messages.DeviceRelease:
             gpu_worker.free(msg.tokens)
+        elif kind is messages.DeviceUnmap:
+            gpu_worker.unmap(msg)
         elif kind is messages.SegmentAdded:
             self.peer.receive(self.fd_sock, msg.segment, msg.size)
         elif kind is messages.SegmentRemoved:
@@ -218,6 +220,9 @@ class Worker(InlineWaits, ExecuteResults):
             self.max_batch_size = int(config.get("max_batch_size", 0) or 0)
             self.output_names = [o["name"] for o in config.get("output", [])]
             gpu_worker.bind(self, config)  # FORCE_CPU_ONLY_INPUT_TENSORS; CuPy only once a GPU tensor comes
+            # (or now, for a KIND_GPU instance: CUDA set up beside the model's import and initialize)
+            warming = self.loop.run_in_executor(None, gpu_worker.warm, args.get("model_instance_kind", ""),
+                                                int(args.get("model_instance_device_id", 0) or 0))
             cls = load_model_class(self.model_file)
             self.model = cls()
             self.async_execute = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
@@ -234,6 +239,7 @@ class Worker(InlineWaits, ExecuteResults):
             if not hasattr(self.model, "execute"):
                 raise AttributeError("TritonPythonModel has no 'execute' method")
             self.merger = Merger.for_model(self, config)
+            await warming
         except BaseException as exc:  # noqa: BLE001 - any failure is reported to the front
             message = f"Internal: {format_exception(exc)}"  # tritonserver: the status code's name, then the error
             log.error("%s", message)
@@ -295,7 +301,9 @@ class Worker(InlineWaits, ExecuteResults):
         if t.ipc is not None:  # a GPU tensor (gpu_worker.py): on the GPU, or copied here for a CPU-input model
             if link is not None:
                 t.token |= link.tag  # its loan goes back to that front (worker_links.py)
-            return pb_utils.Tensor._wrap(t.name, gpu_worker.open_input(t, gpu_worker.gpu_inputs()), t.datatype)
+            return pb_utils.Tensor._wrap(t.name, gpu_worker.open_input(t, gpu_worker.gpu_inputs(),
+                                                                       link.serial if link is not None else 0),
+                                         t.datatype)
         if t.datatype == "BYTES":
             buffer = wire.view(t, self.peer if link is None else link.peer)
             count = datatypes.element_count(t.shape)

@@ -174,6 +174,7 @@ class WorkerLinks:
         if link.exports:
             gpu_worker.free(list(link.exports))
             link.exports.clear()
+        gpu_worker.link_closed(link.serial)
         dropped = worker.merger.drop_link(link) if worker.merger is not None else 0
         if self.board is not None:
             self.board.forget(link.id)
@@ -226,6 +227,8 @@ class WorkerLinks:
             tokens = [t for t in msg.tokens if t in link.exports]
             link.exports.difference_update(tokens)
             gpu_worker.free(tokens)
+        elif kind is messages.DeviceUnmap:
+            gpu_worker.unmap(msg, link.serial)
         elif kind is messages.SegmentAdded:
             link.peer.receive(link.fd_sock, msg.segment, msg.size)
         elif kind is messages.SegmentRemoved:

@@ -109,7 +109,7 @@ def source(tmp_path, name: str, model: str, config: dict) -> ModelSource:
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "1" / "model.py").write_text(model)
     config = {"name": name, "backend": "python", **config}
-    return ModelSource(name, 1, model_dir, model_dir / "1", tmp_path, SimpleNamespace(default_model_filename=""),
+    return ModelSource(name, 1, model_dir, model_dir / "1", tmp_path, SimpleNamespace(default_model_filename="", parameters={}),
                        json.dumps(config))
 
 
