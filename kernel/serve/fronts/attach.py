@@ -77,6 +77,14 @@ class RelayScheduler:
             raise KernelError(ErrorCode.UNAVAILABLE, f"model '{self.model.name}' cannot be reached: the server "
                                                      "is starting or stopping")
         request.model_version = self.model.version_str  # the version this front resolved
+        if request.device_outputs is not None or any(t.device is not None for t in request.inputs):
+            # The relay carries host tensors only: a CUDA shared-memory input is read here, outputs
+            # come back in host memory (and go into a CUDA region from here as host bytes).
+            for t in request.inputs:
+                if t.device is not None:
+                    t.raw  # noqa: B018 - copies it to the host once (InferTensor.raw)
+                    t.device = None
+            request.device_outputs = None
         self.instance.submit([request])
 
     def pending_count(self) -> int:
