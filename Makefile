@@ -49,8 +49,17 @@ serve: $(RUNTIME_STAMP)
 	$(VENV)/bin/kernel serve $(if $(filter --model-repository% --model-store%,$(ARGS)),,--model-repository model_repo_examples) \
 	  $(if $(filter --openai-port%,$(ARGS)),,--openai-port 9000) $(ARGS)
 
+# Then the client-facing suites again, every server with two front processes (issue 32): to a
+# client several fronts must be one server. Left out there: what is per front by design (the local
+# response cache's hits, one "Redis unavailable" line per front) and what keeps one front (hypercorn).
+FRONTS_TESTS ?= tests/core tests/transports tests/loading
+FRONTS_SKIP := --deselect tests/core/test_cache_key.py --deselect tests/core/test_response_cache.py \
+  --deselect tests/core/test_redis_cache.py::test_redis_killed_mid_load_fails_no_request \
+  --deselect tests/transports/test_http_infer.py::test_hypercorn_serves_the_same_api
+
 test: $(TEST_STAMP) redis-server
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	KERNEL_TEST_SERVE_ARGS="--front-processes 2" $(PY) -m pytest -q $(FRONTS_TESTS) $(FRONTS_SKIP)
 
 # The redis response cache tests start a real redis-server (Debian package redis-server). Installed
 # with apt-get when missing; nothing is done (or printed) when it is there.

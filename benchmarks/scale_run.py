@@ -148,10 +148,11 @@ def kernel_python() -> str:
 
 
 def start_server(kind: str, fronts: str | None, repo: Path, ports: Ports, logs: Path, tools: Tools,
-                 models: list[str], timeout: float = 120.0, label: str = "", python: str | None = None) -> harness.Server:
+                 models: list[str], timeout: float = 120.0, label: str = "", python: str | None = None,
+                 extra: list[str] = ()) -> harness.Server:
     """Real Triton (kind "triton") or `kernel serve` (PYTHON -m kernel, this tree's by default; with
-    --front-processes FRONTS unless None) on REPO, in a session of its own; returns once it and
-    every one of MODELS answer ready."""
+    --front-processes FRONTS unless None) on REPO, in a session of its own, with EXTRA arguments;
+    returns once it and every one of MODELS answer ready."""
     label = label or ("Triton" if kind == "triton" else f"Kernel N={fronts or '1'}")
     srv = harness.Server(label, ports.http, ports.grpc, ports.metrics,
                          log=logs / (re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_").lower() + ".log"))
@@ -160,12 +161,12 @@ def start_server(kind: str, fronts: str | None, repo: Path, ports: Ports, logs: 
         home = tools.triton_home
         cmd = [str(home / "bin" / "tritonserver"), f"--model-repository={repo}", f"--backend-directory={home / 'backends'}",
                f"--http-port={ports.http}", f"--grpc-port={ports.grpc}", f"--metrics-port={ports.metrics}",
-               "--log-verbose=0", "--exit-timeout-secs=5"]  # a stop never waits 30 s on a stream left open
+               "--log-verbose=0", "--exit-timeout-secs=5", *extra]  # a stop never waits 30 s on a stream left open
         env, cwd = tools.triton_env, logs  # never the project root (its triton_python_backend_utils shim)
     else:
         cmd = [python or kernel_python(), "-m", "kernel", "serve", "--model-repository", str(repo),
                "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics),
-               "--openai-port", str(ports.openai), *(["--front-processes", fronts] if fronts else [])]
+               "--openai-port", str(ports.openai), *(["--front-processes", fronts] if fronts else []), *extra]
         env, cwd = None, ROOT if python is None else logs  # another tree's Kernel: not this tree on sys.path
     srv.command = shlex.join(cmd)  # type: ignore[attr-defined]
 

@@ -174,7 +174,9 @@ def start_triton(repo: Path, ports: Ports, log_dir: Path) -> Peer:
 def start_kernel(repo: Path, ports: Ports, log_dir: Path) -> Peer:
     env = {**os.environ, **PEER_ENV}
     log_path = log_dir / "kernel.log"
-    cmd = [sys.executable, "-m", "kernel", "serve", *common_flags(repo, ports)]
+    # KERNEL_TEST_SERVE_ARGS="--front-processes 2": the same checks against several front processes.
+    extra = os.environ.get("KERNEL_TEST_SERVE_ARGS", "").split()
+    cmd = [sys.executable, "-m", "kernel", "serve", *common_flags(repo, ports), *extra]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=log_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return _ready(Peer("kernel", ports, proc, log_path))

@@ -7,8 +7,10 @@
 #   1. pytest tests/gpu (the stand-in tests and tests/gpu/test_on_gpu.py on the real GPU: KIND_GPU
 #      add_sub over HTTP and gRPC, 64 MiB DLPack identity through CUDA shared memory in and out,
 #      BLS passing a GPU tensor between two models with no device -> host copy, an ensemble
-#      keeping its intermediate on the GPU, the release rules, nv_gpu_* metrics);
+#      keeping its intermediate on the GPU, the release rules, nv_gpu_* metrics; the bundled torch
+#      example, tests/gpu/test_gpu_example.py);
 #   2. perf_analyzer --shared-memory cuda against `kernel serve` (when .whl/perf carries it);
+#      side by side with real Triton: scripts/gpu-vs-triton.sh (another .whl/, another device call);
 #   3. benchmarks/gpu_bench.py (GPU path vs host path, device copy ceilings).
 # Each step has a time limit; the whole run stays under 8 minutes.
 #

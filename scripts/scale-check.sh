@@ -60,20 +60,10 @@ fi
 kernel_on_path "$PY"
 trap 'for l in "${CARRIED_LINKS[@]}"; do rm -f "$l"; done; rm -rf "$TMP"' EXIT
 
-ARGS=()
-if [ -f .whl/perf/perf_analyzer.gz ]; then
-  mkdir -p "$TMP/perf"
-  gunzip -c .whl/perf/perf_analyzer.gz > "$TMP/perf/perf_analyzer" && chmod +x "$TMP/perf/perf_analyzer"
-  cp .whl/perf/*.so* "$TMP/perf/" 2>/dev/null
-  ARGS+=(--perf-dir "$TMP/perf")
-else
-  say "scale-check: .whl/perf/perf_analyzer.gz is not carried (scripts/gpu-wheels.sh --scale): benchmarks/.peers or none"
-fi
+carried_tools scale-check "$PY" "$TMP"
+ARGS=("${CARRIED_ARGS[@]}")
 PYV=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-if [ -f ".whl/triton/triton-py$PYV.tar.xz" ]; then
-  mkdir -p "$TMP/triton"
-  if tar -xJf ".whl/triton/triton-py$PYV.tar.xz" -C "$TMP/triton"; then ARGS+=(--triton-root "$TMP/triton")
-  else say "scale-check: unpacking .whl/triton/triton-py$PYV.tar.xz failed"; fi
+if [ -d "$TMP/triton/pytriton" ]; then
   # Triton's Python-backend stub finds its packages through a venv on PATH; numpy 1.x in it (see gpu-wheels.sh)
   np=$(ls .whl/triton/numpy-1.*-cp${PYV/./}-*.whl 2>/dev/null | head -1)
   if [ -n "$np" ] && "$PY" -m venv --without-pip "$TMP/stubenv" >> "$LOG" 2>&1 \
@@ -82,31 +72,16 @@ if [ -f ".whl/triton/triton-py$PYV.tar.xz" ]; then
   else
     say "scale-check: no numpy 1.x for real Triton's stub (.whl/triton/numpy-1.*-cp${PYV/./}-*.whl): its BYTES model (tiny_lm) will fail with numpy $("$PY" -c 'import numpy; print(numpy.__version__)')"
   fi
-else
-  say "scale-check: no .whl/triton/triton-py$PYV.tar.xz (this python is $PYV; carried: $(ls .whl/triton 2>/dev/null | tr '\n' ' ')): benchmarks/.peers or no Triton"
 fi
 [ $DRY -eq 1 ] && ARGS+=(--dry-run)
 
 say "scale-check: $(date -u +%FT%TZ) on $(hostname): $CPUS CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(free -g | awk '/Mem:/ {print $2}') GiB, load $(cut -d' ' -f1-3 /proc/loadavg)"
 say "checkout $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)'); python $PYV ($PY)"
-"$PY" - >> "$LOG" 2>&1 <<'EOF'
-import importlib
-for name in ("numpy", "msgspec", "uvloop", "uvicorn", "httptools", "hpack", "google.protobuf"):
-    try:
-        print(name, getattr(importlib.import_module(name), "__version__", "?"))
-    except Exception as exc:  # noqa: BLE001
-        print(f"{name}: not importable ({type(exc).__name__}: {exc})")
-EOF
+versions "$PY" "$LOG" numpy msgspec uvloop uvicorn httptools hpack google.protobuf
 
 # ---- the run -------------------------------------------------------------------------------------------
-LEFT=$(( LIMIT - ($(date +%s) - START) ))
-BUDGET=$(( LEFT - 60 ))  # points are not started after this; the last one and the stops fit in the rest
-say ""
-say "==== benchmarks/scale.py (no new point after ${BUDGET}s, stopped at $(( LEFT - 10 ))s)"
-PYTHONUNBUFFERED=1 timeout --kill-after=5 $(( LEFT - 10 )) "$PY" benchmarks/scale.py --out "$TMP/out" \
-  --budget-s "$BUDGET" "${ARGS[@]}" "$@" >> "$LOG" 2>&1
+bounded_run "$PY" benchmarks/scale.py "${ARGS[@]}" "$@"
 rc=$?
-say "==== benchmarks/scale.py: exit $rc after $(( $(date +%s) - START ))s in all"
 cp "$TMP/out/scale.md" "$TMP/out/scale.json" "$RES/" 2>/dev/null
 tar -czf "$RES/scale-logs.tar.gz" -C "$TMP/out" logs 2>/dev/null
 if [ -f "$RES/scale.md" ]; then

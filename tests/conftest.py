@@ -177,6 +177,12 @@ class ServerProcess:
         return self.proc.returncode
 
 
+# Arguments every `kernel serve` of the run gets before its own: `make test` runs chosen suites a
+# second time with KERNEL_TEST_SERVE_ARGS="--front-processes 2", so that they check that several
+# front processes behave as one (a test's own arguments come after, and win).
+SERVE_ARGS = os.environ.get("KERNEL_TEST_SERVE_ARGS", "").split()
+
+
 class KernelProcess(ServerProcess):
     """A `kernel serve` subprocess."""
 
@@ -192,7 +198,7 @@ class KernelProcess(ServerProcess):
             args += ["--model-repository", str(r)]
         args += [
             "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-            "--metrics-port", str(self.metrics_port), *extra,
+            "--metrics-port", str(self.metrics_port), *SERVE_ARGS, *extra,
         ]
         # Under pytest's temporary folder (TMPDIR, see temporary_files_under_pytest), kept with the run's other files.
         log_path = Path(tempfile.gettempdir()) / f"kernel-test-{self.http_port}.log"

@@ -16,6 +16,7 @@ import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.holding import HeldBytes
+from kernel.transports import listen
 from kernel.transports.http_limits import Http1Limits, protocol_with
 
 # KernelError code -> HTTP status, as tritonserver answers; every other code is a client error (400).
@@ -121,15 +122,7 @@ class UvicornListener:
 
         # The socket is bound here, not by uvicorn: a taken port is then an OSError with its errno
         # for the caller to report, instead of a line uvicorn logs itself before exiting.
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise OSError(exc.errno, f"could not listen on {self.host}:{self.port} for {self.what}: "
-                                     f"{exc.strerror}") from None
+        sock = listen.bind(self.host, self.port, self.what)
         self._server = _Server(config)
         self._connections = self._server.server_state.connections
         config.load()

@@ -13,6 +13,7 @@ import bisect
 import ctypes
 import mmap
 import os
+import socket
 import threading
 import time
 
@@ -219,6 +220,11 @@ class PeerArena:
 
     def add(self, index: int, fd: int, size: int) -> None:
         self.segments[index] = Segment(fd, size)
+
+    def receive(self, fd_sock: socket.socket, index: int, size: int) -> None:
+        """Map the segment the peer announced (SegmentAdded): its fd is the next on the fd channel."""
+        _, fds, _, _ = socket.recv_fds(fd_sock, 1, 1)
+        self.add(index, fds[0], size)
 
     def remove(self, index: int) -> None:
         """The peer closed this segment (it was wholly free): unmap it here too. A view that still

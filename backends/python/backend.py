@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import weakref
 from pathlib import Path
 from typing import Any, Optional
@@ -14,7 +15,8 @@ import msgspec
 
 from kernel.backends.python.execenv import PARAMETER as EXECUTION_ENV_PATH
 from kernel.backends.python.execenv import ExecutionEnvironments
-from kernel.backends.python.instance import WorkerInstance, WorkerSettings
+from kernel.backends.python.instance import WorkerFacts, WorkerInstance, WorkerSettings
+from kernel.backends.python.link import LinkedInstance
 from kernel.backends.python.messages import LogSettings
 from kernel.core.backend import Backend, BackendInstance, ModelSource
 from kernel.core.errors import ErrorCode, KernelError
@@ -56,6 +58,9 @@ def settings_from_backend_config(values: dict[str, str], log: Optional[LogSettin
 
 class PythonBackend(Backend):
     name = "python"
+    # Called with a WorkerInstance whose worker was started again after it died (a supervisor of
+    # several front processes gives each front a new link to it: kernel.serve.fronts).
+    on_restarted = None
 
     def __init__(self, backend_config: Optional[dict[str, str]] = None, log: Optional[dict] = None):
         """log: the server's log settings (verbose, info, warning, error, format), mirrored in workers."""
@@ -153,6 +158,25 @@ class PythonBackend(Backend):
             raise KernelError(ErrorCode.INTERNAL, f"{type(err).__name__}: {err}")
         return instances
 
+    async def linked_instances(
+        self, source: ModelSource, links: list[tuple[int, socket.socket, socket.socket, WorkerFacts]],
+    ) -> list[LinkedInstance]:
+        """This front process's instances of a model version whose workers another process owns
+        (several front processes, issue 32): one per (link id, channel socket, fd socket, facts),
+        as WorkerInstance.open_link and WorkerInstance.facts give them, connected and healthy.
+        Their restarts are the owner's (LinkedInstance.replace); stop() closes the link only."""
+        instances = [
+            LinkedInstance(source, facts.name, facts.kind, facts.device_id, self.settings, self.core, link_id,
+                           channel_sock, fd_sock, facts)
+            for link_id, channel_sock, fd_sock, facts in links
+        ]
+        try:
+            await asyncio.gather(*(inst.start() for inst in instances))
+        except BaseException:
+            await asyncio.gather(*(inst.stop(0) for inst in instances), return_exceptions=True)
+            raise
+        return instances
+
     def _live_instances(self) -> "weakref.WeakSet[WorkerInstance]":
         live = getattr(self, "_live", None)  # (Python-based backends skip __init__)
         if live is None:
@@ -182,6 +206,8 @@ class PythonBackend(Backend):
                     try:
                         await instance.restart()
                         log.info("Stub process '%s' restarted", instance.name)
+                        if self.on_restarted is not None:
+                            self.on_restarted(instance)
                         return
                     except Exception as exc:  # noqa: BLE001
                         log.error("restarting stub process '%s' failed: %s", instance.name, exc)
@@ -213,6 +239,7 @@ class PythonBasedBackend(PythonBackend):
         self.settings = base.settings
         self.envs = base.envs
         self._restarting = set()
+        self.on_restarted = base.on_restarted
 
     def model_file(self, version_dir: Path, config: Any) -> Optional[Path]:
         return self.directory / MODEL_FILE

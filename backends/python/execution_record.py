@@ -19,6 +19,9 @@ class Batch(list):
     # Slots: one Batch per Execute message, its attributes set on the request path.
     __slots__ = ("start", "input_end", "exec_start", "exec_end", "meta", "failed_early", "trace_key", "requests")
 
+    link = None  # the worker_links.Link it came on; None: the primary (LinkedBatch has its own)
+    parts = None  # merged (worker_merge.py): the Batches of the Executes it runs together
+
     def __init__(self, start: int):
         self.start = start
         self.input_end = 0
@@ -36,6 +39,17 @@ class Batch(list):
             return execute(requests)
         finally:
             self.exec_end = time.monotonic_ns()
+
+
+class LinkedBatch(Batch):
+    """A Batch from another front's link, or a merged one: the primary's own Batch sets neither."""
+
+    __slots__ = ("link", "parts")
+
+    def __init__(self, start: int, link=None, parts=None):
+        super().__init__(start)
+        self.link = link
+        self.parts = parts
 
 
 def batch_size(r: messages.Request, max_batch_size: int) -> int:

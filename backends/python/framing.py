@@ -14,6 +14,12 @@ import msgspec
 _HEADER = 4
 
 
+def frame(message) -> bytes:
+    """One message as it goes on the wire (for a write before a channel exists: worker_links.py)."""
+    payload = msgspec.msgpack.encode(message)
+    return len(payload).to_bytes(_HEADER, "little") + payload
+
+
 class MessageChannel(asyncio.Protocol):
     """Decodes framed messages into `on_message`, encodes with `send`."""
 

@@ -19,7 +19,9 @@ the model's work on blocking streams) and is waited for before the message leave
 computes on a non-blocking stream of its own synchronizes it before handing over, as any
 cross-stream use needs.
 
-In: a GPU input (`Tensor.ipc`) is opened here (IpcMappings, counted per handle) and given to the
+In: a GPU input (`Tensor.ipc`) is opened here (IpcMappings, counted per handle; a handle the front
+marks `keep`, a client's CUDA region or another worker's permanent block, stays open from one
+request to the next until that front's DeviceUnmap) and given to the
 model as a CuPy array over that memory, without a copy, when the model takes GPU inputs
 (FORCE_CPU_ONLY_INPUT_TENSORS "no", or a BLS caller that may take GPU outputs); the front's loan
 goes back (DeviceRelease) when the model's last array over it is gone. A model that takes CPU
@@ -35,6 +37,7 @@ module imports CuPy only when a GPU tensor is in hand.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import threading
 import time
@@ -130,6 +133,25 @@ def _probe_cupy():
     return reason
 
 
+def warm(kind: str, device: int) -> None:
+    """A KIND_GPU instance at load: CuPy imported, the CUDA context made on its device, the first
+    device block allocated and its IPC handle taken, one device copy run, so the first GPU tensor
+    costs a copy, not CUDA's set-up (a first BLS call with a 4 MiB GPU tensor took 411 ms on an
+    H200, later ones a few). Runs beside the model's initialize; the instance is ready when both
+    are done. Nothing where CuPy is not installed (the first GPU tensor then says why, as before);
+    a failure here is logged and leaves set-up to the first use."""
+    if kind != "GPU" or importlib.util.find_spec("cupy") is None:
+        return
+    gpu = support()
+    if gpu is None:
+        return
+    try:
+        gpu.warm(device)
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: the first GPU tensor will tell
+        log.warning("model instance '%s': CUDA could not be set up at load on GPU %d: %s",
+                    getattr(_worker, "instance_name", "?"), device, exc)
+
+
 def count(direction: str, nbytes: int) -> None:
     COPIED[direction] += nbytes
 
@@ -147,14 +169,29 @@ def export_tensor(tensor) -> Optional[messages.Tensor]:
     return gpu.export(tensor._name, tensor._datatype, arr) if gpu is not None else None
 
 
-def open_input(t: messages.Tensor, on_gpu: bool):
+def open_input(t: messages.Tensor, on_gpu: bool, keeper: int = 0):
     """The model's array for GPU tensor `t`: a CuPy array over the lent memory (on_gpu), else a
-    host copy. InputError (the request fails, nothing else) when it cannot be opened here."""
+    host copy. InputError (the request fails, nothing else) when it cannot be opened here.
+    `keeper`: the front it came from (0: the primary; else its link's serial), which keeps a
+    client region's mapping open here until it sends DeviceUnmap (`unmap`)."""
     gpu = support()
     if gpu is None:
         raise InputError(f"input '{t.name}' is a GPU tensor (a CUDA IPC handle) and this model instance cannot "
                          f"open it: {_support}")
-    return gpu.open(t, on_gpu)
+    return gpu.open(t, on_gpu, keeper if t.keep else None)
+
+
+def unmap(msg: messages.DeviceUnmap, keeper: int = 0) -> None:
+    """DeviceUnmap from a front: it no longer has these client regions registered."""
+    if isinstance(_support, GpuSupport):
+        for handle, device in zip(msg.handles, msg.devices):
+            _support.mappings.forget(handle, device, keeper)
+
+
+def link_closed(keeper: int) -> None:
+    """A front's link is gone: the client regions it kept open here are closed once unused."""
+    if isinstance(_support, GpuSupport):
+        _support.mappings.forget_keeper(keeper)
 
 
 def to_device(arr: np.ndarray, device: int):
@@ -202,7 +239,7 @@ class _Returns:
             self._scheduled = False
         if tokens:
             try:
-                _worker.channel.send(messages.DeviceRelease(tokens))
+                _worker.send_device_release(tokens)  # (each to the front that lent it)
             except (ConnectionError, AttributeError):
                 pass
 
@@ -253,6 +290,14 @@ class DeviceArena:
         self._next = 1
         self._lock = threading.Lock()
 
+    def reserve(self, device: int) -> _Block:
+        """The device's first block (made now if there is none yet: cudaMalloc and its IPC handle)."""
+        with self._lock:
+            blocks = self._blocks.setdefault(device, [])
+            if not blocks:
+                blocks.append(_Block(self._cupy, device, self._block_bytes))
+            return blocks[0]
+
     def alloc(self, device: int, nbytes: int) -> tuple[_Block, int, int]:
         size = -(-max(nbytes, 1) // ALIGN) * ALIGN
         with self._lock:
@@ -290,6 +335,11 @@ class DeviceArena:
         for block in blocks[1:]:
             if block.idle_since and now - block.idle_since >= IDLE_BLOCK_SECONDS:
                 blocks.remove(block)  # its Memory is freed (cudaFree) with the last reference
+
+    def permanent(self, block: _Block) -> bool:
+        """Whether `block` stays for the life of the process (the first of its device)."""
+        blocks = self._blocks.get(block.device)
+        return bool(blocks) and blocks[0] is block
 
     def own(self, handle: bytes, device: int) -> Optional[_Block]:
         """The block `handle` names, when it is one of this worker's own."""
@@ -331,6 +381,15 @@ class GpuSupport:
         self.arena = DeviceArena(cupy)
         self.mappings = IpcMappings(cupy)
 
+    def warm(self, device: int) -> None:
+        """CUDA set up for `device` in this process (see `warm`): context, first block, one copy."""
+        cupy = self.cupy
+        block = self.arena.reserve(device)
+        with cupy.cuda.Device(device):
+            stream = cupy.cuda.get_current_stream()
+            cupy.cuda.runtime.memcpyAsync(block.ptr + ALIGN, block.ptr, ALIGN, MEMCPY_DEVICE_TO_DEVICE, stream.ptr)
+            stream.synchronize()
+
     def export(self, name: str, datatype: str, arr) -> messages.Tensor:
         cupy = self.cupy
         if not arr.flags.c_contiguous:
@@ -347,9 +406,11 @@ class GpuSupport:
             self.arena.free([token])
             raise
         count("device_to_device", nbytes)
-        return messages.Tensor(name, datatype, list(arr.shape), None, -1, off, nbytes, -1, block.handle, device, token)
+        # keep: the first block lives as long as this process, so consumers may keep its handle open
+        return messages.Tensor(name, datatype, list(arr.shape), None, -1, off, nbytes, -1, block.handle, device, token,
+                               self.arena.permanent(block))
 
-    def open(self, t: messages.Tensor, on_gpu: bool):
+    def open(self, t: messages.Tensor, on_gpu: bool, keeper=None):
         cupy = self.cupy
         dtype = wire.NUMERIC_DTYPES.get(t.datatype)
         if dtype is None:
@@ -361,7 +422,7 @@ class GpuSupport:
             base = own.ptr
         else:
             try:
-                base = self.mappings.acquire(t.ipc, t.device)
+                base = self.mappings.acquire(t.ipc, t.device, keeper)
             except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: its producer exited, a foreign handle
                 raise InputError(f"input '{t.name}' is a GPU tensor that could not be opened (its producer may have "
                                  f"exited): {exc}") from None

@@ -15,6 +15,10 @@ that execute joins): while an inline execute holds the loop they send and
 pump themselves. `lock` serialises those direct reads and writes (and a worker's
 announcement of a new arena segment: its fd and its message), and `direct` only
 changes under it, so no thread reads the socket once the loop reads it again.
+
+A worker's links to other front processes (worker_links.py) are read the same way while an
+inline execute runs (a Cancel must reach is_cancelled()), but never written directly: only
+the loop's thread writes them, through the transport, so `direct_writes` stays off for them.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class InlineChannel(MessageChannel):
         self._writable = select.poll()
         self._writable.register(sock, select.POLLOUT)
         self._pending: collections.deque = collections.deque()
-        self.direct = False  # set while an inline execute runs; changed only under lock
+        self.direct = False  # set while an inline execute runs (pump reads); changed only under lock
+        self.direct_writes = False  # ... and sends bypass the transport (the primary link only)
         self.lock = threading.RLock()
 
     def data_received(self, data: bytes) -> None:
@@ -58,9 +63,9 @@ class InlineChannel(MessageChannel):
         return not self.closed and self.transport is not None and not self.transport.get_write_buffer_size()
 
     def send(self, message) -> None:
-        if self.direct:
+        if self.direct_writes:
             with self.lock:
-                if self.direct:
+                if self.direct_writes:
                     if self.closed:
                         raise ConnectionError("channel is closed")
                     payload = self._encoder.encode(message)
@@ -70,7 +75,18 @@ class InlineChannel(MessageChannel):
 
     def set_direct(self, direct: bool) -> None:
         with self.lock:
+            self.direct = self.direct_writes = direct
+
+    def set_direct_reads(self, direct: bool) -> None:
+        """Direct reads only (a worker's link: written by the loop's thread alone)."""
+        with self.lock:
             self.direct = direct
+
+    def close_direct(self) -> None:
+        """Close the duplicate socket (a link that is gone; the transport closes the original)."""
+        with self.lock:
+            self.direct = self.direct_writes = False
+            self._sock.close()
 
     def _write_all(self, frame: bytes) -> None:
         view = memoryview(frame)

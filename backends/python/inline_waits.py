@@ -46,15 +46,27 @@ class InlineWaits:
         """
         if self._inline_busy or not self.channel.can_go_direct():
             return False
-        self._inline_busy = True
-        self.channel.set_direct(True)
+        self.hold_channels(True)
         try:
             while not done():
                 self.channel.pump(None, done)
         finally:
+            self.hold_channels(False)
+        return True
+
+    def hold_channels(self, hold: bool) -> None:
+        """Enter (or leave) a stretch that holds the loop: the channels are read (and the primary
+        written) directly meanwhile. Leaving waits for a model thread's direct read or write to end."""
+        if hold:
+            self._inline_busy = True
+            self.channel.set_direct(True)
+            if self.linked:
+                self.links.hold(True)
+        else:
+            if self.linked:
+                self.links.hold(False)
             self.channel.set_direct(False)
             self._inline_busy = False
-        return True
 
     def take_off_loop(self, answers: queue.SimpleQueue, send=None, timeout: float | None = None):
         """The next item of answers, for a thread other than the loop's (queue.Empty after timeout).
@@ -72,7 +84,7 @@ class InlineWaits:
                 raise queue.Empty
             if send is not None and self._inline_busy:
                 with self.channel.lock:
-                    if self.channel.direct:
+                    if self.channel.direct_writes:
                         send()
             if not (self._inline_busy and self.channel.pump(step, ready)):
                 try:
@@ -83,8 +95,9 @@ class InlineWaits:
                 return answers.get()
 
     def poll_inline(self) -> None:
-        """Dispatch what already arrived (a Cancel, say) without waiting."""
+        """Dispatch what already arrived (a Cancel, say) on every link, without waiting."""
         try:
             self.wait_inline(lambda: False, 0)
         except ConnectionError:
             pass
+        self.links.poll()

@@ -34,6 +34,9 @@ class Tensor(msgspec.Struct, array_like=True, omit_defaults=True):
     ipc: Optional[bytes] = None
     device: int = -1
     token: int = 0
+    # Front -> worker: the handle is a client's CUDA shared-memory region: the worker keeps its
+    # mapping open for the next request until the front sends DeviceUnmap for it.
+    keep: bool = False
 
 
 class Request(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -51,6 +54,12 @@ class Request(msgspec.Struct, array_like=True, omit_defaults=True):
     # Outputs that may go back as GPU tensors (IPC handles): True for all, or their names. Any
     # other GPU output is copied to the host in the worker (kernel.core.device_memory).
     device_outputs: Union[bool, list[str]] = False
+    # A request relayed from a front to the supervisor's core (kernel/serve/fronts/relay.py), which
+    # serves every model: which one, and what its scheduler needs. Empty for a worker.
+    model_name: str = ""
+    model_version: str = ""
+    priority: int = 0
+    timeout_us: int = 0
 
 
 class Error(msgspec.Struct, array_like=True):
@@ -121,6 +130,19 @@ class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
 
+class LinkAdded(msgspec.Struct, tag="link_added", array_like=True):
+    """On the primary channel only: a new link to another front process (worker_links.py). Its two
+    sockets (message channel, fd channel) follow on the primary fd channel, in one datagram."""
+
+    link: int  # 1..254, unique per worker: a link added again replaces the one it names
+
+
+class Usage(msgspec.Struct, tag="usage", array_like=True):
+    """Ask what the worker holds (diagnostics, tests); answered on the same link with UsageReport(key)."""
+
+    key: int
+
+
 class DeviceRelease(msgspec.Struct, tag="device_release", array_like=True):
     """GPU tensors (Tensor.token) the sender is done with; both directions.
 
@@ -130,6 +152,14 @@ class DeviceRelease(msgspec.Struct, tag="device_release", array_like=True):
     """
 
     tokens: list[int]
+
+
+class DeviceUnmap(msgspec.Struct, tag="device_unmap", array_like=True):
+    """Front -> worker: these CUDA regions (Tensor.keep) are unregistered and none of this front's
+    requests uses them: the worker closes its mappings of them once the model's arrays are gone."""
+
+    handles: list[bytes]
+    devices: list[int]
 
 
 # worker -> front
@@ -147,6 +177,7 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
     error: Optional[str] = None
     has_is_ready: bool = False  # the model defines is_ready()
     async_execute: bool = False  # `async def execute`: executions overlap, the instance never looks busy
+    decoupled: bool = False  # the model's transaction policy (told to fronts over links: WorkerFacts)
 
 
 class ReadyResult(msgspec.Struct, tag="ready_result", array_like=True):
@@ -155,7 +186,7 @@ class ReadyResult(msgspec.Struct, tag="ready_result", array_like=True):
     reason: str = ""
 
 
-class Execution(msgspec.Struct, array_like=True):
+class Execution(msgspec.Struct, array_like=True, omit_defaults=True):
     """One finished execute() call, for statistics (see kernel.core.stats.ModelStats.record_execution).
 
     Times are time.monotonic_ns(): start/input_end bracket turning the inputs
@@ -173,6 +204,10 @@ class Execution(msgspec.Struct, array_like=True):
     ok_queue_ns: list[int] = []  # per successful request: arrival -> start
     fail_ns: list[int] = []  # per failed request: arrival -> end
     trace_key: int = 0  # the Execute message's trace_key
+    # >0: this Execute ran in one execute() with other links' Executes (worker_merge.py), of this
+    # summed batch size; only the share with `lead` counts that execute() (execution_count, batch_stats).
+    merged_batch_size: int = 0
+    lead: bool = True
 
 
 class Responses(msgspec.Struct, tag="responses", array_like=True):
@@ -181,6 +216,23 @@ class Responses(msgspec.Struct, tag="responses", array_like=True):
     # Regions of the front's arena the worker is done with (as Release): an identity request's
     # input goes back in the same message as its response, read once the responses are.
     releases: list[tuple[int, int]] = []
+
+
+class Board(msgspec.Struct, tag="board", array_like=True):
+    """The worker's load board (board.py): a memfd of `size` bytes, its fd on the fd channel."""
+
+    size: int
+
+
+class UsageReport(msgspec.Struct, tag="usage_report", array_like=True):
+    """What the worker holds now (the answer to Usage): tests read that a lost link left nothing behind."""
+
+    key: int
+    arena_bytes: int  # the worker's own arena (outputs, BLS inputs): bytes allocated
+    held_inputs: int  # input arrays over a front's arena still alive in the worker
+    requests: int  # requests received and not finished (their response sinks)
+    links: int  # links besides the primary
+    gpu_exports: int = 0  # GPU outputs exported and not given back
 
 
 class Finalized(msgspec.Struct, tag="finalized", array_like=True):
@@ -281,11 +333,11 @@ class SegmentRemoved(msgspec.Struct, tag="segment_removed", array_like=True):
 
 ToWorker = Union[
     Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, SegmentRemoved, BlsResponses, CheckReady, MetricReply,
-    SetLog, ModelControlResult, DeviceRelease,
+    SetLog, ModelControlResult, DeviceRelease, DeviceUnmap, LinkAdded, Usage,
 ]
 ToFront = Union[
     Started, Ready, Responses, Finalized, SegmentAdded, SegmentRemoved, BlsRequest, BlsCancel, Release, ReadyResult,
-    MetricOps, ModelControl, DeviceRelease,
+    MetricOps, ModelControl, DeviceRelease, Board, UsageReport,
 ]
 
 

@@ -31,6 +31,7 @@ This module imports nothing heavy on purpose: the front imports it before anythi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -306,14 +307,24 @@ async def start_worker(command, worker_args: list[str], standby_ok: bool = True)
     if ready_made is not None:
         ready_made.assign(worker_args)
         return ready_made.process, ready_made.channel, ready_made.fd_channel, True
-    front, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    fd_front, fd_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
+    with socket_pairs() as (front, worker, fd_front, fd_worker):
         argv, env = command.module(
             "kernel.backends.python.worker",
             "--channel-fd", str(worker.fileno()), "--fd-channel-fd", str(fd_worker.fileno()), *worker_args,
         )  # fmt: skip
         process = await asyncio.create_subprocess_exec(*argv, pass_fds=(worker.fileno(), fd_worker.fileno()), env=env)
+    return process, front, fd_front, False
+
+
+@contextlib.contextmanager
+def socket_pairs():
+    """The sockets of a worker's channel (or of a link to it): (front, worker, fd_front, fd_worker),
+    a stream pair for messages and a datagram pair for fds (SCM_RIGHTS). The worker's ends are
+    closed on leaving (they were handed over: passed or sent), the front's too on an error."""
+    front, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd_front, fd_worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        yield front, worker, fd_front, fd_worker
     except BaseException:
         front.close()
         fd_front.close()
@@ -321,7 +332,6 @@ async def start_worker(command, worker_args: list[str], standby_ok: bool = True)
     finally:
         worker.close()
         fd_worker.close()
-    return process, front, fd_front, False
 
 
 def release() -> None:

@@ -12,6 +12,10 @@ responses and readiness checks.
 
 A response is packed on whichever thread hands it over (responses.py); the arenas' side of that,
 and of inputs read in place from the front's arena, is worker_arena.py.
+
+Other front processes may reach this worker over links of their own (worker_links.py): their
+requests run here as the primary front's do, each link answered on its own channel; waiting
+Executes of a dynamically batched model may then run as one execute() (worker_merge.py).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 
 from kernel.backends.python import gpu_worker, messages, wire
 from kernel.backends.python.bls import BlsClient
-from kernel.backends.python.execution_record import Batch, batch_size, execution_record
+from kernel.backends.python.execution_record import Batch, LinkedBatch, batch_size, execution_record
 from kernel.backends.python.inline_channel import InlineChannel
 from kernel.backends.python.inline_waits import InlineWaits
 from kernel.backends.python.metrics_client import MetricsClient
@@ -43,7 +47,10 @@ from kernel.backends.python.model_thread import ModelThread
 from kernel.backends.python.stop_signals import hold_stop_signals
 from kernel.backends.python.responses import ResponseSink, pack_tensor, response_message
 from kernel.backends.python.worker_arena import WorkerArenas
+from kernel.backends.python.worker_links import TAGGED, WorkerLinks
 from kernel.backends.python.worker_log import apply_log_settings, format_exception
+from kernel.backends.python.worker_merge import Merger, part_records
+from kernel.backends.python.worker_results import ExecuteResults
 from kernel.core import datatypes
 
 import triton_python_backend_utils as pb_utils  # noqa: E402  (model code imports it too)
@@ -51,7 +58,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402  (model code import
 log = logging.getLogger("kernel.worker")
 
 
-class Worker(InlineWaits):
+class Worker(InlineWaits, ExecuteResults):
     def __init__(
         self,
         channel_sock: socket.socket,
@@ -96,6 +103,9 @@ class Worker(InlineWaits):
         self.inline_execute = False  # run a synchronous execute on the loop (see _execute_inline)
         self._inline_busy = False
         self._loop_thread = 0
+        self.links = WorkerLinks(self)  # other fronts' links (worker_links.py)
+        self.linked = False  # a link was ever added: the checks the primary alone never needs
+        self.merger: Merger | None = None  # a dynamically batched synchronous model's (worker_merge.py)
 
     async def run(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -132,15 +142,24 @@ class Worker(InlineWaits):
         if not self.done.done():
             self.done.set_result(None)
 
-    def on_undecodable(self, frame: bytes, error: Exception) -> None:
+    def on_undecodable(self, frame: bytes, error: Exception, link=None) -> None:
         """A frame this worker cannot read fails the requests it carries, never the worker."""
         log.error("a message from the server could not be read (%s); its requests are answered with an error", error)
+        channel = self.channel if link is None else link.channel
         answer = messages.refuse_undecodable(frame, error)
         if answer is not None:
-            self.channel.send(answer)
+            channel.send(answer)
         regions = messages.undecodable_regions(frame)  # its inputs in the front's arena: never read here
         if regions:
-            self.channel.send(messages.Release(regions))
+            channel.send(messages.Release(regions))
+
+    def cancel(self, key: int) -> None:
+        sink = self.sinks.get(key)
+        if sink is not None:
+            sink.cancelled = True
+            # The front may give up on it (a model that never answers): its inputs go back
+            # once the model drops them, not at a final response that may never come.
+            sink.regions = None
 
     def on_message(self, msg) -> None:
         kind = type(msg)
@@ -149,14 +168,11 @@ class Worker(InlineWaits):
             self.loop.call_soon_threadsafe(self.on_message, msg)
             return
         if kind is messages.Execute:
+            if self.linked:
+                self.links.board.received(0, len(msg.requests))
             self.execute(msg.requests, msg.trace_key)
         elif kind is messages.Cancel:
-            sink = self.sinks.get(msg.key)
-            if sink is not None:
-                sink.cancelled = True
-                # The front may give up on it (a model that never answers): its inputs go back
-                # once the model drops them, not at a final response that may never come.
-                sink.regions = None
+            self.cancel(msg.key)
         elif kind is messages.BlsResponses:
             self.bls.on_responses(msg.responses)
         elif kind is messages.ModelControlResult:
@@ -168,9 +184,10 @@ class Worker(InlineWaits):
                 self.arena.free(seg, off)
         elif kind is messages.DeviceRelease:
             gpu_worker.free(msg.tokens)
+        elif kind is messages.DeviceUnmap:
+            gpu_worker.unmap(msg)
         elif kind is messages.SegmentAdded:
-            _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, 1)
-            self.peer.add(msg.segment, fds[0], msg.size)
+            self.peer.receive(self.fd_sock, msg.segment, msg.size)
         elif kind is messages.SegmentRemoved:
             self.peer.remove(msg.segment)
         elif kind is messages.CheckReady:
@@ -183,6 +200,10 @@ class Worker(InlineWaits):
             apply_log_settings(msg.log)
         elif kind is messages.Shutdown:
             asyncio.ensure_future(self.shutdown())
+        elif kind is messages.LinkAdded:
+            self.links.add(msg.link)
+        elif kind is messages.Usage:
+            self.channel.send(self.links.usage(msg.key))
 
     # ---- lifecycle -------------------------------------------------------
 
@@ -199,6 +220,9 @@ class Worker(InlineWaits):
             self.max_batch_size = int(config.get("max_batch_size", 0) or 0)
             self.output_names = [o["name"] for o in config.get("output", [])]
             gpu_worker.bind(self, config)  # FORCE_CPU_ONLY_INPUT_TENSORS; CuPy only once a GPU tensor comes
+            # (or now, for a KIND_GPU instance: CUDA set up beside the model's import and initialize)
+            warming = self.loop.run_in_executor(None, gpu_worker.warm, args.get("model_instance_kind", ""),
+                                                int(args.get("model_instance_device_id", 0) or 0))
             cls = load_model_class(self.model_file)
             self.model = cls()
             self.async_execute = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
@@ -214,6 +238,8 @@ class Worker(InlineWaits):
                     await self.model_thread.submit(init, args)
             if not hasattr(self.model, "execute"):
                 raise AttributeError("TritonPythonModel has no 'execute' method")
+            self.merger = Merger.for_model(self, config)
+            await warming
         except BaseException as exc:  # noqa: BLE001 - any failure is reported to the front
             message = f"Internal: {format_exception(exc)}"  # tritonserver: the status code's name, then the error
             log.error("%s", message)
@@ -225,9 +251,9 @@ class Worker(InlineWaits):
         # scans only what came since instead of stalling every stream for the whole heap.
         gc.freeze()
         self.channel.send(messages.Ready(None, has_is_ready=callable(getattr(self.model, "is_ready", None)),
-                                         async_execute=self.async_execute))
+                                         async_execute=self.async_execute, decoupled=self.decoupled))
 
-    async def check_ready(self, key: int) -> None:
+    async def check_ready(self, key: int, link=None) -> None:
         """Run the model's is_ready(): False, an exception or a non-bool means not ready."""
         hook = self.model.is_ready
         try:
@@ -242,7 +268,10 @@ class Worker(InlineWaits):
                 ready, reason = result, "" if result else "is_ready() returned False"
         except BaseException as exc:  # noqa: BLE001
             ready, reason = False, f"is_ready() raised {format_exception(exc)}"
-        self.channel.send(messages.ReadyResult(key, ready, reason))
+        try:
+            (self.channel if link is None else link.channel).send(messages.ReadyResult(key, ready, reason))
+        except ConnectionError:
+            pass
 
     async def shutdown(self) -> None:
         self.bls_allowed = False
@@ -264,52 +293,64 @@ class Worker(InlineWaits):
 
     # ---- requests --------------------------------------------------------
 
-    def _input_tensor(self, t: messages.Tensor):
+    def _input_tensor(self, t: messages.Tensor, link=None):
+        """The model's tensor for input `t` from the front of `link` (None: the primary's)."""
         dtype = wire.NUMERIC_DTYPES.get(t.datatype)
         if dtype is not None and t.data is not None:  # the common case, without the general path's calls
             return pb_utils.Tensor._wrap(t.name, np.frombuffer(bytearray(t.data), dtype).reshape(t.shape), t.datatype)
         if t.ipc is not None:  # a GPU tensor (gpu_worker.py): on the GPU, or copied here for a CPU-input model
-            return pb_utils.Tensor._wrap(t.name, gpu_worker.open_input(t, gpu_worker.gpu_inputs()), t.datatype)
+            if link is not None:
+                t.token |= link.tag  # its loan goes back to that front (worker_links.py)
+            return pb_utils.Tensor._wrap(t.name, gpu_worker.open_input(t, gpu_worker.gpu_inputs(),
+                                                                       link.serial if link is not None else 0),
+                                         t.datatype)
         if t.datatype == "BYTES":
-            buffer = wire.view(t, self.peer)
+            buffer = wire.view(t, self.peer if link is None else link.peer)
             count = datatypes.element_count(t.shape)
             arr = np.empty(count, dtype=np.object_)
             arr[:] = datatypes.deserialize_bytes(buffer, count)
             if t.data is None:
                 del buffer
-                self.call_on_loop(self.release_peer_region, t.segment, t.offset)  # read into objects: done
+                self.call_on_loop(self.release_peer_region, t.segment, t.offset, link)  # read into objects: done
             return pb_utils.Tensor._wrap(t.name, arr.reshape(t.shape), "BYTES")
         if dtype is None:
             dtype = datatypes.datatype_to_numpy(t.datatype)
         if t.data is not None:
             return pb_utils.Tensor._wrap(t.name, wire.numeric_array(t.data, dtype, t.shape, writable=True), t.datatype)
         # A view of the front's arena (no copy): the region goes back when the last array over it does.
-        return pb_utils.Tensor._wrap(t.name, self.arenas.input_array(t, dtype), t.datatype)
+        return pb_utils.Tensor._wrap(t.name, self.arenas.input_array(t, dtype, link), t.datatype)
 
-    def execute(self, wire_requests: list[messages.Request], trace_key: int = 0) -> None:
+    def execute(self, wire_requests: list[messages.Request], trace_key: int = 0, link=None) -> None:
+        """Run an Execute from the primary front, or from the front of `link` (worker_links.py)."""
         requests = []
-        keys = Batch(time.monotonic_ns())
+        if link is None:
+            keys = Batch(time.monotonic_ns())
+            peer, tag = self.peer, 0
+        else:
+            keys = LinkedBatch(time.monotonic_ns(), link)
+            peer, tag = link.peer, link.tag
         keys.trace_key = trace_key
         for r in wire_requests:
             requested = r.requested_outputs or None
-            sink = ResponseSink(self, r.key, requested)
-            self.sinks[r.key] = sink
+            key = r.key | tag
+            sink = ResponseSink(self, key, requested)
+            self.sinks[key] = sink
             inputs = []
             try:
                 for t in r.inputs:
-                    inputs.append(self._input_tensor(t))
+                    inputs.append(self._input_tensor(t, link))
             except ValueError as exc:
                 for t in r.inputs[len(inputs):]:  # never made into arrays: nothing else gives them back
                     if t.ipc is not None:
-                        gpu_worker.give_back(t.token)
+                        gpu_worker.give_back(t.token | tag)
                     elif t.data is None:
-                        self.release_peer_region(t.segment, t.offset)
+                        self.release_peer_region(t.segment, t.offset, link)
                 inputs = None
                 self.send_error(sink, getattr(exc, "code", "INVALID_ARG"), str(exc))
                 if r.arrival_ns:
                     keys.failed_early.append(r.arrival_ns)
                 continue
-            sink.regions = wire.arena_inputs(r.inputs, self.peer, inputs)
+            sink.regions = wire.arena_inputs(r.inputs, peer, inputs)
             if r.device_outputs:
                 sink.device = r.device_outputs
             sink.sender = pb_utils.InferenceResponseSender(sink, self.decoupled, requested)
@@ -320,7 +361,7 @@ class Worker(InlineWaits):
             if r.trace_context:  # traced: request.trace() names it, and BLS calls that pass it join it
                 request._trace = pb_utils.InferenceTrace(r.trace_context)
             requests.append(request)
-            keys.append(r.key)
+            keys.append(key)
             keys.meta.append((r.arrival_ns, batch_size(r, self.max_batch_size)))
         keys.requests = requests
         keys.input_end = time.monotonic_ns()
@@ -329,6 +370,8 @@ class Worker(InlineWaits):
             return
         if self.async_execute:
             asyncio.ensure_future(self._execute_async(requests, keys))
+        elif self.merger is not None and self.linked and self.links.by_serial:
+            self.merger.submit(keys, wire_requests[0])  # may run with other links' waiting Executes
         elif self._inline_busy:
             # Read while an inline execute pumps the channel: its sinks exist (cancellations
             # land), it runs once the current execute has returned.
@@ -351,6 +394,8 @@ class Worker(InlineWaits):
         """
         self._inline_busy = True
         self.channel.set_direct(True)
+        if self.linked:  # (other fronts' links: read too, see worker_links.py)
+            self.links.hold(True)
         asyncio.events._set_running_loop(None)
         try:
             result = keys.run(self.model.execute, requests)
@@ -359,6 +404,8 @@ class Worker(InlineWaits):
             result, exc = None, error
         finally:
             asyncio.events._set_running_loop(self.loop)
+            if self.linked:
+                self.links.hold(False)
             self.channel.set_direct(False)  # waits for a model thread's direct read or write to end
             self._inline_busy = False
         if exc is None and result is None:
@@ -381,73 +428,8 @@ class Worker(InlineWaits):
     def _finish_timed(self, keys, result, exc) -> None:
         self._finish(keys, result, exc)
         self._report_execution(keys, result, exc)
-
-    def _failed_prefix(self) -> str:
-        """How the Python backend frames an error from a model's execute (Triton's words)."""
-        return f"Failed to process the request(s) for model '{self.instance_name}', message: "
-
-    def _finish(self, keys, result, exc) -> None:
-        if exc is not None:
-            message = (
-                f"Failed to process the request(s) for model '{self.instance_name}', "
-                f"message: {format_exception(exc)}"
-            )
-            log.error("%s", message)
-            self._fail_open(keys, message)
-            return
-        if result is None:
-            # Responses go (or went) through the response senders.
-            self._reschedule_released(keys)
-            return
-        if self.decoupled:
-            self._fail_open(
-                keys,
-                f"Python model '{self.instance_name}' is using the decoupled mode and the "
-                "execute function must return None.",
-            )
-            return
-        if not isinstance(result, list):
-            self._fail_open(keys, f"{self._failed_prefix()}Expected a list in the execute return, found type '{type(result)}'.")
-            return
-        if len(result) != len(keys):
-            self._fail_open(
-                keys,
-                f"{self._failed_prefix()}Number of InferenceResponse objects do not match the number of InferenceRequest "
-                f"objects. InferenceRequest(s) size is:{len(keys)}, and InferenceResponse(s) size is:{len(result)}\n",
-            )
-            return
-        requests = getattr(keys, "requests", None) or [None] * len(keys)
-        for key, response, request in zip(keys, result, requests):
-            sink = self.sinks.get(key)
-            if sink is None:
-                continue
-            if request is not None and request._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                self.sinks.pop(key, None)
-                sink.regions = None
-                if response is None:
-                    self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
-                else:
-                    self.send_error(sink, "INTERNAL", (
-                        "Expected a None object in the execute function return list for reschduled request, "
-                        f"found type '{type(response)}'."))
-                continue
-            if response is None:
-                # As in Triton: this request is answered through its response sender, before
-                # execute returned or later (from a thread): nothing to send for it here.
-                continue
-            try:
-                sink.sender._update_state(response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except pb_utils.TritonModelException as exc:
-                self.send_error(sink, "INTERNAL", str(exc))
-                continue
-            self.send_response(sink, response, True)
-
-    def _fail_open(self, keys, message: str) -> None:
-        """Fail every request whose response sender is still open."""
-        for sink in [self.sinks[k] for k in keys if k in self.sinks]:
-            if not sink.sender._is_closed():
-                sink.sender._close()
-                self.send_error(sink, "INTERNAL", message)
+        if self.merger is not None:
+            self.merger.finished()
 
     # ---- responses -------------------------------------------------------
 
@@ -471,6 +453,8 @@ class Worker(InlineWaits):
         does with its arrays next (Triton copies outputs into shared memory inside send() too).
         Only queueing the message waits for the loop.
         """
+        if sink.key >= TAGGED and self.links.link_of(sink.key) is None:
+            return  # its link is gone (worker_links.py): nobody to pack it for
         message = response_message(sink, response, final, self.arena)
         if final:
             sink.regions = None
@@ -487,31 +471,48 @@ class Worker(InlineWaits):
 
     # ---- statistics and rescheduling (see kernel.core.stats, kernel.core.scheduling.sequence) ----
 
-    def _reschedule_released(self, keys) -> None:
-        """Decoupled: requests released with RELEASE_RESCHEDULE before execute returned."""
-        for key, request in zip(keys, getattr(keys, "requests", ())):
-            if request._release_flags != pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-                continue
-            sink = self.sinks.pop(key, None)
-            if sink is not None:
-                sink.regions = None
-                if not sink.sender._is_closed():
-                    self._queue(messages.Response(key, final=True, has_response=False, reschedule=True))
-
     def _report_execution(self, batch: Batch, result, exc) -> None:
         """One Execution record per Execute message: the front's statistics and schedulers need it."""
-        self._executions.append(execution_record(batch, result, exc, self.decoupled))
-        self._schedule_flush()
+        if not self.linked:  # never a link (so never a merge): the primary's alone
+            self._executions.append(execution_record(batch, result, exc, self.decoupled))
+            self._schedule_flush()
+            return
+        self.links.board.executed(1 if batch.parts is None else len(batch.parts))
+        if batch.parts is None:
+            self._route_execution(batch, execution_record(batch, result, exc, self.decoupled))
+        else:  # merged: a record per link's Execute (worker_merge.py)
+            for part, record in part_records(batch, result, exc, self.decoupled):
+                self._route_execution(part, record)
+
+    def _route_execution(self, batch: Batch, record: messages.Execution) -> None:
+        if batch.link is None:
+            self._executions.append(record)
+            self._schedule_flush()
+        else:
+            self.links.execution(batch.link, record)
 
     def _queue(self, response: messages.Response) -> None:
+        if response.key >= TAGGED:  # another front's (worker_links.py)
+            self.links.queue(response)
+            return
         # Responses finished in the same loop iteration travel in one message.
         self._outbox.append(response)
         self._schedule_flush()
 
-    def release_peer_region(self, segment: int, offset: int) -> None:
-        """The model dropped a tensor that lives in the front's arena (BLS output)."""
+    def release_peer_region(self, segment: int, offset: int, link=None) -> None:
+        """The model dropped a tensor that lives in a front's arena (an input, a BLS output)."""
+        if link is not None:
+            self.links.release(link, segment, offset)
+            return
         self._peer_releases.append((segment, offset))
         self._schedule_flush()
+
+    def send_device_release(self, tokens: list[int]) -> None:
+        """GPU tensors the fronts lent that the model is done with (gpu_worker.give_back)."""
+        if self.links.by_serial or any(t >= TAGGED for t in tokens):
+            self.links.device_release(tokens)
+        else:
+            self.channel.send(messages.DeviceRelease(tokens))
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -532,6 +533,8 @@ class Worker(InlineWaits):
                 self.channel.send(messages.Release(releases))
         except ConnectionError:
             pass
+        if self.linked:
+            self.links.flush(out)
 
 
 # Messages a model thread may handle itself while it pumps the channel (see take_off_loop).

@@ -48,6 +48,18 @@ class BackendInstance(abc.ABC):
     def in_flight(self) -> int:
         """Requests handed to this instance that have not had their final response."""
 
+    #: True when other processes also feed this instance (several front processes in front of one
+    #: worker: kernel.backends.python.link). Schedulers then pick the least loaded instance and
+    #: never queue requests in this process: another process's finished execution never wakes
+    #: this process's queue.
+    shared: bool = False
+
+    @property
+    def load(self) -> int:
+        """The requests this instance holds server-wide, for every process that feeds it; the
+        fallback (an instance only this process feeds) is its in-flight requests."""
+        return self.in_flight
+
     @property
     def executing(self) -> int:
         """Batches handed to submit() whose execution has not finished yet.

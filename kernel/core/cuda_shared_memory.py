@@ -21,7 +21,9 @@ request is decoded and an output host -> device when its response arrives.
 Lifetime, as for system regions: unregistering drops the registry's hold on the mapping at once;
 a request in flight keeps its output windows (each holds the mapping) and lets go when it
 finishes, and the IPC mapping is closed when the last holder lets go. So no write ever lands in
-memory that was closed under it.
+memory that was closed under it. A worker that opened the same handle (an input it reads itself)
+keeps its mapping while the front's lives (the mapping's `lifetime`): one open per registration
+and process, as tritonserver opens a region once, not one per request.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import logging
 import sys
 from typing import Optional, Protocol
 
-from kernel.core.device_memory import DeviceBuffer, copy_device_to_device
+from kernel.core.device_memory import DeviceBuffer, Lifetime, copy_device_to_device
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.gpu import visible_gpu_ids
 
@@ -62,14 +64,17 @@ class IpcOpener(Protocol):
 
 
 class _Mapping:
-    """The opened memory, closed when the last holder (region or output window) lets go of it."""
+    """The opened memory, closed when the last holder (region, output window, input buffer) lets go
+    of it; its `lifetime` ends then, and workers close the mappings they kept of the same handle."""
 
-    __slots__ = ("memory",)
+    __slots__ = ("memory", "lifetime")
 
     def __init__(self, memory: DeviceMemory):
         self.memory = memory
+        self.lifetime = Lifetime()
 
     def __del__(self) -> None:
+        self.lifetime.end()
         try:
             self.memory.close()
         except Exception:  # noqa: BLE001 - closing at collection time must not raise
@@ -102,7 +107,7 @@ class CudaRegion:
         mapping, which the buffer keeps open even if the region is unregistered meanwhile."""
         mapping = self.mapping
         return DeviceBuffer(self.handle, self.device_id, at, nbytes, f"CUDA shared memory region '{self.name}'",
-                            lambda buf: mapping.memory.read(buf.offset, buf.nbytes))
+                            lambda buf: mapping.memory.read(buf.offset, buf.nbytes), mapping.lifetime)
 
     def close(self) -> None:
         self.mapping = None

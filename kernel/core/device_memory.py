@@ -23,6 +23,7 @@ the reason instead of touching memory that may no longer exist.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Callable, Optional
 
@@ -41,18 +42,22 @@ class DeviceBuffer:
 
     `origin` says where it came from, for error messages ("model instance 'm_0_0'", "CUDA shared
     memory region 'r'"); `reader` copies it to the host (the default opens the handle with CuPy).
+    `lifetime`, where set, is how long the allocation is known to stay (a client's CUDA region while
+    it is registered here; a worker's permanent device block while that worker runs): consumers
+    may keep their mappings of `handle` open until it ends (IpcMappings' keepers).
     """
 
-    __slots__ = ("handle", "device", "offset", "nbytes", "origin", "gone", "_reader", "__weakref__")
+    __slots__ = ("handle", "device", "offset", "nbytes", "origin", "gone", "lifetime", "_reader", "__weakref__")
 
     def __init__(self, handle: bytes, device: int, offset: int, nbytes: int, origin: str,
-                 reader: Optional[Callable[["DeviceBuffer"], bytes]] = None):
+                 reader: Optional[Callable[["DeviceBuffer"], bytes]] = None, lifetime: "Optional[Lifetime]" = None):
         self.handle = handle
         self.device = device
         self.offset = offset
         self.nbytes = nbytes
         self.origin = origin
         self.gone: Optional[str] = None  # why the memory can no longer be read (its producer exited)
+        self.lifetime = lifetime
         self._reader = reader or read_to_host
 
     def __len__(self) -> int:
@@ -73,6 +78,44 @@ class DeviceBuffer:
 
     def __repr__(self) -> str:
         return f"DeviceBuffer({self.origin}, device {self.device}, {self.nbytes} bytes at {self.offset})"
+
+
+class Lifetime:
+    """How long an allocation is known to stay: whoever kept a mapping of it open past its last use
+    is called back when it ends (`when_ended`), from whichever thread ends it.
+
+    Why: opening a CUDA IPC handle costs hundreds of microseconds, so a handle used request after
+    request (a client's CUDA region, a worker's permanent block) is opened once and kept; the
+    allocation's owner ends its Lifetime when the memory may go (the region unregistered, the
+    worker exited), and every mapping kept on its account is closed once unused.
+    """
+
+    __slots__ = ("_callbacks", "ended", "_lock", "__weakref__")
+
+    def __init__(self) -> None:
+        self._callbacks: dict = {}  # key -> callback: one per key, however often it is asked for
+        self.ended = False
+        self._lock = threading.Lock()
+
+    def when_ended(self, key, fn: Callable[[], None]) -> None:
+        """Call `fn` when this ends (at once if it has), unless a callback under `key` is set already."""
+        with self._lock:
+            if not self.ended:
+                self._callbacks.setdefault(key, fn)
+                return
+        fn()
+
+    def end(self) -> None:
+        with self._lock:
+            if self.ended:
+                return
+            self.ended = True
+            callbacks, self._callbacks = list(self._callbacks.values()), {}
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one keeper's failure must not keep the others open
+                pass
 
 
 def device_ok(device_outputs, name: str) -> bool:
@@ -108,14 +151,28 @@ class IpcMappings:
     Why count: many tensors live in one allocation (a worker's device arena block), and a handle is
     opened once per process and device; counting here keeps that true whatever the driver does
     with a second open of the same handle.
+
+    Why some stay open with no user (`keeper`): opening a handle (cudaIpcOpenMemHandle) costs
+    hundreds of microseconds, far more than copying a small tensor. A handle used request after
+    request (a client's CUDA shared-memory region, opened once per registration as tritonserver
+    does; a worker's permanent device block) stays open while some keeper asks for it, and is
+    closed when the last keeper lets go and nobody uses it. A keeper is a Lifetime (forgotten when
+    it ends) or, in a worker, the front that lent the handle (its link's serial: forgotten on that
+    front's DeviceUnmap, or `forget_keeper` when the link closes). At most KEPT_IDLE such mappings
+    stay open unused; past that the least recently used is closed (its next use opens it again).
     """
+
+    KEPT_IDLE = 64
+    _serials = itertools.count(1)
 
     def __init__(self, cupy=None):
         self._cupy = cupy
+        self._serial = next(self._serials)  # (names its callbacks in a Lifetime: ids are reused)
         # Reentrant: a lease collected by the garbage collector while this thread holds the lock
         # releases its mapping from inside the locked section.
         self._lock = threading.RLock()
-        self._open: dict[tuple[bytes, int], list] = {}  # (handle, device) -> [base pointer, users]
+        # (handle, device) -> [base pointer, users, keepers]; in order of last use (oldest first)
+        self._open: dict[tuple[bytes, int], list] = {}
 
     @property
     def cupy(self):
@@ -123,19 +180,24 @@ class IpcMappings:
             self._cupy = cupy_module()
         return self._cupy
 
-    def acquire(self, handle: bytes, device: int) -> int:
-        """The base pointer of the allocation `handle` names, opened on `device` if it was not yet."""
+    def acquire(self, handle: bytes, device: int, keeper=None) -> int:
+        """The base pointer of the allocation `handle` names, opened on `device` if it was not yet;
+        with `keeper`, it stays open after its last user until that keeper forgets it."""
         key = (handle, device)
         with self._lock:
-            entry = self._open.get(key)
-            if entry is not None:
-                entry[1] += 1
-                return entry[0]
-            cupy = self.cupy
-            with cupy.cuda.Device(device):
-                base = cupy.cuda.runtime.ipcOpenMemHandle(handle)
-            self._open[key] = [base, 1]
-            return base
+            entry = self._open.pop(key, None)
+            if entry is None:
+                cupy = self.cupy
+                with cupy.cuda.Device(device):
+                    base = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+                entry = [base, 0, set()]
+            entry[1] += 1
+            self._open[key] = entry  # (re)inserted last: the most recently used
+            if keeper is not None and keeper not in entry[2]:
+                entry[2].add(keeper)
+                if isinstance(keeper, Lifetime):
+                    keeper.when_ended(("mappings", self._serial, key), lambda: self.forget(handle, device, keeper))
+            return entry[0]
 
     def release(self, handle: bytes, device: int) -> None:
         key = (handle, device)
@@ -144,15 +206,41 @@ class IpcMappings:
             if entry is None:
                 return
             entry[1] -= 1
-            if entry[1]:
-                return
-            del self._open[key]
-            cupy = self.cupy
-            try:
-                with cupy.cuda.Device(device):
-                    cupy.cuda.runtime.ipcCloseMemHandle(entry[0])
-            except Exception:  # noqa: BLE001 - CUDARuntimeError: the producer's context is gone already
-                pass
+            if entry[1] <= 0:
+                if not entry[2]:
+                    self._close(key)
+                else:
+                    self._trim()
+
+    def forget(self, handle: bytes, device: int, keeper) -> None:
+        """`keeper` no longer asks for this handle to stay open (its region was unregistered)."""
+        key = (handle, device)
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None:
+                entry[2].discard(keeper)
+                if entry[1] <= 0 and not entry[2]:
+                    self._close(key)
+
+    def forget_keeper(self, keeper) -> None:
+        """`keeper` is gone (a front's link closed): forget every handle it kept."""
+        with self._lock:
+            for handle, device in [k for k, e in self._open.items() if keeper in e[2]]:
+                self.forget(handle, device, keeper)
+
+    def _trim(self) -> None:
+        idle = [k for k, e in self._open.items() if e[1] <= 0]
+        for key in idle[: max(0, len(idle) - self.KEPT_IDLE)]:
+            self._close(key)
+
+    def _close(self, key: tuple[bytes, int]) -> None:
+        entry = self._open.pop(key)
+        cupy = self.cupy
+        try:
+            with cupy.cuda.Device(key[1]):
+                cupy.cuda.runtime.ipcCloseMemHandle(entry[0])
+        except Exception:  # noqa: BLE001 - CUDARuntimeError: the producer's context is gone already
+            pass
 
     @property
     def open_count(self) -> int:
@@ -171,13 +259,25 @@ def mappings() -> IpcMappings:
     return _front_mappings
 
 
+def kept_open(buf: DeviceBuffer) -> bool:
+    """Whether `buf` lies in an allocation this process keeps mapped (a host copy then costs a
+    cudaMemcpy, no IPC open): a client's registered region, a running worker's permanent block."""
+    lifetime = buf.lifetime
+    return lifetime is not None and not lifetime.ended
+
+
+def _kept(buf: DeviceBuffer) -> Optional[Lifetime]:
+    """The keeper this process's mapping of `buf` stays open for, if its allocation outlives the use."""
+    return buf.lifetime if kept_open(buf) else None
+
+
 def read_to_host(buf: DeviceBuffer) -> bytes:
     """Copy `buf` device -> host through its IPC handle (the default DeviceBuffer reader)."""
     import numpy as np
 
     table = mappings()
     try:
-        base = table.acquire(buf.handle, buf.device)
+        base = table.acquire(buf.handle, buf.device, _kept(buf))
     except KernelError:
         raise
     except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: a stale handle, a dead producer
@@ -198,7 +298,7 @@ def copy_device_to_device(cupy, dst_ptr: int, dst_device: int, buf: DeviceBuffer
     buf.check()
     table = mappings()
     try:
-        base = table.acquire(buf.handle, buf.device)
+        base = table.acquire(buf.handle, buf.device, _kept(buf))
     except Exception as exc:  # noqa: BLE001 - CUDARuntimeError: a stale handle, a dead producer
         raise KernelError(ErrorCode.UNAVAILABLE, f"GPU tensor from {buf.origin} could not be opened: {exc}") from None
     try:

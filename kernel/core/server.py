@@ -25,7 +25,7 @@ from kernel.core.holding import HeldBytes
 from kernel.core.model import Model, ModelState, UnknownOutput
 from kernel.core.registry import ModelRegistry
 from kernel.core.request import InferRequest
-from kernel.core.shared_memory import SharedMemoryManager, route_through_windows, take_device_inputs
+from kernel.core.shared_memory import RegionChange, SharedMemoryManager, route_through_windows, take_device_inputs
 from kernel.core.transport import Transport, TransportStartError
 
 log = logging.getLogger("kernel.core.server")
@@ -112,12 +112,20 @@ class Server:
                                      options.client_stall_timeout_secs)
         self.held_input = HeldBytes("request bytes from slow clients", options.max_held_input_bytes,
                                     options.client_stall_timeout_secs)
+        # The other processes of a server with several fronts (kernel.core.peers.Peers), set by the
+        # front that runs this core; None: this process is the whole server.
+        self.peers: Any = None
+        # Called with versions about to stop (retire_models), before their instances stop: a
+        # supervisor of fronts lets every front drain them first (kernel.serve.fronts).
+        self.before_retire: Any = None
 
     # ---- health and metadata ---------------------------------------------
 
     @property
     def ready(self) -> bool:
         if not self.live or not self._loaded or not self._listening or self.stopping:
+            return False
+        if self.peers is not None and not self.peers.ready:
             return False
         if not self.options.strict_readiness:
             return True
@@ -239,6 +247,23 @@ class Server:
                 )
         return {"model_stats": [m.stats.to_json() for m in ready]}
 
+    async def total_statistics(self, name: str = "", version: str = "") -> dict:
+        """The statistics extension's answer for the whole server: this process's (statistics())
+        or, with several front processes, the totals over all of them."""
+        if self.peers is not None:
+            return await self.peers.statistics(name, version)
+        return self.statistics(name, version)
+
+    # ---- client shared-memory regions ----------------------------------------------
+
+    async def change_shared_memory(self, change: RegionChange) -> None:
+        """Register or unregister a client region for the whole server (every front process has it
+        when this returns); KernelError with the extension's messages."""
+        if self.peers is not None:
+            await self.peers.change_shared_memory(change)
+        else:
+            change.apply(self.shared_memory)
+
     # ---- unloading -----------------------------------------------------------
     # (Loading is kernel.loading's: the server is handed a model control at composition.)
 
@@ -248,6 +273,8 @@ class Server:
             m.state = ModelState.UNLOADING  # new requests are refused from here on
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.options.exit_timeout_secs
+        if self.before_retire is not None:
+            await self.before_retire(models)
         while loop.time() < deadline and any(_has_work(m) for m in models):
             await asyncio.sleep(0.02)
         for m in models:
@@ -289,7 +316,12 @@ class Server:
 
     # ---- lifecycle -------------------------------------------------------------
 
-    async def open(self) -> None:
+    @property
+    def loaded(self) -> bool:
+        """Start-up loading is over (start() has run)."""
+        return self._loaded
+
+    async def open(self, check_ports: bool = True) -> None:
         """Before any model loads: listen where a transport can serve while models load, and check
         the ports of the others.
 
@@ -305,7 +337,7 @@ class Server:
                 address = await self._start_transport(t)
                 log.info("%s listening at %s while models load (live, not ready)", t.service_name, address,
                          extra={"service": t.service_name, "address": address})
-            else:
+            elif check_ports:  # (a front of several does not: the supervisor holds those ports, listen.py)
                 try:
                     t.check_port()
                 except OSError as exc:

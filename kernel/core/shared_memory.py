@@ -33,6 +33,8 @@ import os
 import stat
 from typing import Optional
 
+import msgspec
+
 from kernel.core.cuda_shared_memory import CudaOutputWindow, CudaRegion, CudaRegions, IpcOpener
 from kernel.core.device_memory import DeviceBuffer
 from kernel.core.errors import ErrorCode, KernelError
@@ -114,6 +116,35 @@ def _open_key(key: str) -> int:
     if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > _NAME_MAX:
         raise OSError("invalid shared-memory key")
     return os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+
+
+class RegionChange(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """One registration or unregistration of a client region, as data: a server with several front
+    processes applies the same change on every front (kernel.core.peers), a single one here."""
+
+    op: str  # one of REGION_OPS
+    name: str = ""  # "" with an unregister: every region of that kind
+    key: str = ""  # system: the shared-memory object's key
+    offset: int = 0
+    byte_size: int = 0
+    raw_handle: bytes = b""  # CUDA: the cudaIpcMemHandle_t
+    device_id: int = 0
+
+    def apply(self, manager: "SharedMemoryManager") -> None:
+        """Do it on `manager`; KernelError with the extension's messages, as the calls raise."""
+        if self.op == "register_system":
+            manager.register_system(self.name, self.key, self.offset, self.byte_size)
+        elif self.op == "unregister_system":
+            manager.unregister_system(self.name)
+        elif self.op == "register_cuda":
+            manager.register_cuda(self.name, self.raw_handle, self.device_id, self.byte_size)
+        elif self.op == "unregister_cuda":
+            manager.unregister_cuda(self.name)
+        else:
+            raise KernelError(ErrorCode.INVALID_ARG, f"unknown shared-memory operation '{self.op}'")
+
+
+REGION_OPS = ("register_system", "unregister_system", "register_cuda", "unregister_cuda")
 
 
 class SharedMemoryManager:

@@ -33,10 +33,10 @@ class ExecutionRecord:
     """
 
     __slots__ = ("batch_size", "start", "input_end", "output_start", "end", "inference_count",
-                 "ok_request_ns", "ok_queue_ns", "fail_ns")
+                 "ok_request_ns", "ok_queue_ns", "fail_ns", "merged_batch_size", "lead")
 
     def __init__(self, batch_size, start, input_end, output_start, end, inference_count, ok_request_ns,
-                 ok_queue_ns, fail_ns):
+                 ok_queue_ns, fail_ns, merged_batch_size=0, lead=True):
         self.batch_size = batch_size
         self.start = start
         self.input_end = input_end
@@ -46,6 +46,8 @@ class ExecutionRecord:
         self.ok_request_ns = ok_request_ns
         self.ok_queue_ns = ok_queue_ns
         self.fail_ns = fail_ns
+        self.merged_batch_size = merged_batch_size
+        self.lead = lead
 
 
 class ModelStats:
@@ -112,6 +114,11 @@ class ModelStats:
         ok_request_ns, ok_queue_ns (one entry per successful request) and
         fail_ns (one entry per failed request). A batch_size of 0 means the
         backend ran nothing (every request failed before execute).
+
+        merged_batch_size > 0: the record is one share of an execute() that ran several shares'
+        requests together (the Python backend merges Executes from several front processes): its
+        requests count here as always, the execution itself (execution_count, batch_stats at the
+        merged size) only for the share marked `lead`, so that totals over the fronts count it once.
         """
         ok = len(e.ok_request_ns)
         d_in = e.input_end - e.start
@@ -131,6 +138,13 @@ class ModelStats:
             self.fail_ns += sum(e.fail_ns)
             self.failures[BACKEND] += n
         bs = e.batch_size
+        if e.merged_batch_size:
+            if not e.lead:
+                if bs > 0:
+                    self.last_inference_ms = time.time_ns() // 1_000_000
+                bs = 0
+            else:
+                bs = e.merged_batch_size
         if bs > 0:
             self.execution_count += 1
             self.last_inference_ms = time.time_ns() // 1_000_000
@@ -262,3 +276,47 @@ def fail_request(stats: Optional[ModelStats], request, reason: str) -> None:
     if stats is not None:
         arrival = request.arrival_ns
         stats.record_failure(reason, time.monotonic_ns() - arrival if arrival else 0)
+
+
+def merge_statistics(docs: list[dict]) -> dict:
+    """Several processes' statistics-extension answers ({"model_stats": [...]}) as one: the first
+    document says which versions there are (the process that loaded them); the others' numbers
+    for those versions are added in (counts and durations summed per field and per batch size,
+    the last inference the latest)."""
+    first = docs[0]
+    rows = {(r["name"], r["version"]): r for r in first["model_stats"]}
+    for doc in docs[1:]:
+        for row in doc.get("model_stats", ()):
+            total = rows.get((row["name"], row["version"]))
+            if total is not None:
+                _add_row(total, row)
+    return first
+
+
+def _add_row(total: dict, row: dict) -> None:
+    total["last_inference"] = max(total["last_inference"], row["last_inference"])
+    total["inference_count"] += row["inference_count"]
+    total["execution_count"] += row["execution_count"]
+    _add_durations(total["inference_stats"], row["inference_stats"])
+    for key, stats in row.get("response_stats", {}).items():
+        if key in total["response_stats"]:
+            _add_durations(total["response_stats"][key], stats)
+        else:
+            total["response_stats"][key] = stats
+    by_size = {b["batch_size"]: b for b in total["batch_stats"]}
+    for b in row["batch_stats"]:
+        mine = by_size.get(b["batch_size"])
+        if mine is None:
+            by_size[b["batch_size"]] = b
+        else:
+            _add_durations(mine, b)
+    total["batch_stats"] = [by_size[size] for size in sorted(by_size)]
+
+
+def _add_durations(total: dict, part: dict) -> None:
+    """Add {"<phase>": {"count": n, "ns": t}, ...} into total (fields that are not durations are left)."""
+    for phase, value in part.items():
+        if isinstance(value, dict) and "count" in value and "ns" in value:
+            mine = total.setdefault(phase, {"count": 0, "ns": 0})
+            mine["count"] += value["count"]
+            mine["ns"] += value["ns"]

@@ -88,6 +88,9 @@ class ModelControl:
         self._background: set[asyncio.Task] = set()
         self._poll_task: Optional[asyncio.Task] = None
         self._stopping: Optional[asyncio.Event] = None
+        # Awaited after every change to what is served (a load, unload or poll, finished or failed):
+        # a supervisor of several front processes tells every front (kernel.serve.fronts.hub).
+        self.after_change = None
 
     # ---- start-up, polling, shutdown ---------------------------------------------
 
@@ -171,6 +174,7 @@ class ModelControl:
                 await self.poll()
             except Exception:  # noqa: BLE001 - the next poll tries again
                 log.exception("failed to poll model repository")
+            await self._changed()
 
     async def poll(self) -> None:
         """One look at the repositories: load added, reload changed and unload removed models."""
@@ -262,7 +266,10 @@ class ModelControl:
                 raise _poll_failed(name, f"Invalid config override: {exc.message}") from None
         if files and override is None:
             raise _poll_failed(name, "Load parameter 'config' must be specified for model file override")
-        await self._load_with_steps(name, override, files or None, explicit=True, visiting=set())
+        try:
+            await self._load_with_steps(name, override, files or None, explicit=True, visiting=set())
+        finally:
+            await self._changed()
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload `name` (explicit mode): new requests are refused at once, in-flight ones finish.
@@ -276,17 +283,30 @@ class ModelControl:
         targets = self._with_dependent_ensembles([name])
         if unload_dependents:
             targets = self._with_unneeded_steps(targets)
-        for target in targets:
-            await self._unload_now(target)
+        try:
+            for target in targets:
+                await self._unload_now(target)
+        finally:
+            await self._changed()
 
     async def load_from_path(self, name: str, path) -> None:
         """Load the model folder at `path` under `name` (SageMaker multi-model endpoints, PyTriton's
         bind), in any control mode; KernelError when it cannot serve (see ModelLoader.load_from_path)."""
-        await self.loader.load_from_path(name, path)
+        try:
+            await self.loader.load_from_path(name, path)
+        finally:
+            await self._changed()
 
     async def unload_from_path(self, name: str) -> None:
         """Unload a model that load_from_path loaded: in-flight requests finish first."""
-        await self.loader.unload_from_path(name)
+        try:
+            await self.loader.unload_from_path(name)
+        finally:
+            await self._changed()
+
+    async def _changed(self) -> None:
+        if self.after_change is not None:
+            await self.after_change()
 
     async def is_ready(self, name: str, version: str = "") -> bool:
         """pb_utils.is_model_ready: allowed in every mode."""

@@ -235,6 +235,15 @@ def apply(settings: LogSettings) -> None:
     logging.getLogger("kernel").setLevel(_lowest_level(settings))
 
 
+async def change_settings(server, **changes) -> LogSettings:
+    """update_settings for the whole server: with several front processes every front (and, through
+    the supervisor, every model worker) takes the changes before this returns."""
+    if changes and getattr(server, "peers", None) is not None:
+        await server.peers.change_log_settings(changes)
+        return server.log_settings
+    return update_settings(server, **changes)
+
+
 def update_settings(server, **changes) -> LogSettings:
     """The logging extension: change settings (LogSettings field names) at run time, in this
     process and in every model instance of every backend."""

@@ -27,7 +27,7 @@ from kernel.core import stats as st
 from kernel.core.gpu import NvmlReader
 from kernel.core.scheduling import in_flight_count
 from kernel.observe.gpu_metrics import gpu_families
-from kernel.observe import cache_metrics
+from kernel.observe import cache_metrics, metrics_totals
 from kernel.observe.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetrics
 from kernel.observe.distributions import SUMMARIES, LatencyObserver, add_histogram, add_summary, format_value
 
@@ -312,6 +312,9 @@ class MetricsService:
         gpu = (gpu_reader or NvmlReader()) if gpu_metrics else None  # --allow-gpu-metrics
         self.collector = ServerCollector(server, self.config, self.cpu, gpu)
         self._timer = None
+        # With several front processes, the supervisor's: async () -> every front's families
+        # (kernel.observe.metrics_totals.families_data lists), added in by total_text().
+        self.others = None
 
     def start_polling(self, loop) -> None:
         if self.cpu is None:
@@ -330,4 +333,21 @@ class MetricsService:
 
     def text(self) -> str:
         return render(self.collector.collect())
+
+    async def total_text(self) -> str:
+        """The whole server's text: this process's alone, or with several front processes the
+        totals over all of them (kernel.observe.metrics_totals): a front asks the supervisor
+        (server.peers), the supervisor adds what `others()` gathers from the fronts."""
+        peers = getattr(self.server, "peers", None)
+        if peers is not None:
+            return await peers.metrics_text()
+        if self.others is None:
+            return self.text()
+        return render(metrics_totals.merge(list(self.collector.collect()), await self.others()))
+
+
+def front_families(server) -> list:
+    """A front's own model families, as data for the supervisor's totals (no CPU, GPU or custom
+    metrics: those are the supervisor's)."""
+    return metrics_totals.families_data(ServerCollector(server, server.metrics_config, None, None).collect())
 

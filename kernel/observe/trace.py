@@ -91,8 +91,14 @@ class TraceFile:
         self.writer = writer
         self.index = 0
         self._stream = None  # the open trace_file, once something went into it
+        # A front of several (kernel.serve.fronts): forward(path, records, indexed) hands the
+        # records to the supervisor, which writes the one file every front's traces go to.
+        self.forward = None
 
     def save(self, records: str, indexed: bool) -> None:
+        if self.forward is not None:
+            self.forward(self.path, records, indexed)
+            return
         if indexed:
             name = f"{self.path}.{self.index}"
             self.index += 1
@@ -223,6 +229,7 @@ class Tracer:
         self.mode = config.mode
         self._writer = _Writer()
         self._files: dict[str, TraceFile] = {}
+        self._forward = None  # see forward_records
         file = self._file(config.file)
         #: The OpenTelemetry exporter (mode opentelemetry), else None: nothing of OpenTelemetry is loaded.
         self.otel = None
@@ -245,7 +252,22 @@ class Tracer:
         f = self._files.get(path)
         if f is None:
             f = self._files[path] = TraceFile(path, self._writer)
+            f.forward = self._forward
         return f
+
+    def forward_records(self, forward, first_id: int, id_step: int) -> None:
+        """In a front of several (kernel.serve.fronts): finished traces go to `forward(path,
+        records, indexed)` instead of a file, and trace ids are first_id, first_id + id_step, ...,
+        so that every front's ids stay apart in the one file."""
+        global _ids
+        self._forward = forward
+        for f in self._files.values():
+            f.forward = forward
+        _ids = itertools.count(first_id, id_step)
+
+    def save_records(self, path: str, records: str, indexed: bool) -> None:
+        """Traces a front finished (forward_records), written here into `path` as this process's own."""
+        self._file(path).save(records, indexed)
 
     def _refresh(self) -> None:
         settings = (self._global, *self._models.values())

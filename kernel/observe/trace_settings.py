@@ -296,6 +296,16 @@ def update(server, model_name: str, change: "TraceUpdate") -> dict:
     return server.tracer.describe(model_name)
 
 
+async def change(server, model_name: str, change: "TraceUpdate") -> dict:
+    """update for the whole server: with several front processes every front takes the change
+    before this returns (kernel.core.peers)."""
+    check_model(server, model_name)
+    if getattr(server, "peers", None) is not None:
+        await server.peers.change_trace_settings(model_name, change)
+        return server.tracer.describe(model_name)
+    return update(server, model_name, change)
+
+
 
 def settings_json(doc: dict) -> bytes:
     """A `$trace_setting_response` as tritonserver's HTTP endpoint writes it: a setting given more than

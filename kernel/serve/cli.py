@@ -14,8 +14,6 @@ import asyncio
 import importlib.util
 import logging
 import os
-import re
-import stat
 import sys
 from pathlib import Path
 from typing import Optional
@@ -24,8 +22,8 @@ from kernel.observe import log as server_log
 from kernel.transports.restrictions import RestrictionError, Restrictions
 from kernel.serve.flags import (
     FLAG_GROUPS, FLAG_KINDS, HELP_GROUPS, HelpFormatter, KernelArgumentParser, choice, flag_adder,
-    parse_backend_setting, parse_bool, parse_float, parse_int, parse_int64, parse_int_text, parse_metrics_setting,
-    parse_port_range, parse_verbose_level,
+    parse_backend_setting, parse_bool, parse_float, parse_front_processes, parse_int, parse_int64, parse_int_text,
+    parse_metrics_setting, parse_port_range, parse_verbose_level,
 )
 from kernel import __version__
 from kernel.observe.log import LOG_FORMATS, LogSettings
@@ -130,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="Kernel only: partly received request bodies and messages, all connections together")
     a("--client-stall-timeout-secs", type=parse_float, default=60.0,
       help="Kernel only: seconds a client may hold an answer or a partial request without progress")
+    a("--front-processes", type=parse_front_processes, default="auto", metavar="<N|auto>",
+      help="Kernel only: processes that serve clients, all on the same ports, in front of one set of model "
+           "instances; auto: about a third of the CPUs this process may use (1 below 6)")
 
     a = flag_adder(g["Logging"])
     a("--log-verbose", type=parse_verbose_level, default=0,
@@ -297,85 +298,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_ports(args) -> None:
-    """Refuse endpoint ports that collide, or that fall outside --sagemaker-safe-port-range."""
-    from kernel.core.server import StartupError
-
-    services = []  # (name, address, port, allowed range for the others or None)
-    if args.allow_http:
-        services.append(("HTTP", args.http_address, args.http_port, None))
-    if args.allow_grpc:
-        services.append(("GRPC", args.grpc_address, args.grpc_port, None))
-    if args.allow_metrics:
-        services.append(("metrics", args.metrics_address, args.metrics_port, None))
-    if args.allow_sagemaker:
-        services.append(("SageMaker", "0.0.0.0", args.sagemaker_port, args.sagemaker_safe_port_range))
-    if args.allow_vertex_ai:
-        services.append(("Vertex AI", "0.0.0.0", args.vertex_ai_port, None))
-    for name, address, port, _ in services:
-        # tritonserver takes any integer and fails later, or listens nowhere; refuse it up front.
-        if not 0 <= port <= 65535:
-            raise StartupError(f"{name} port {port} is out of range: a port is 0 to 65535")
-    for i, (name, address, port, allowed) in enumerate(services):
-        others = services if allowed is not None else services[i + 1:]
-        for other in others:
-            if other is services[i] or other[1] != address:
-                continue
-            if allowed is not None and not allowed[0] <= other[2] <= allowed[1]:
-                raise StartupError(
-                    f"The server cannot listen to {other[0]} requests at port {other[2]}, "
-                    f"allowed port range is [{allowed[0]}, {allowed[1]}]"
-                )
-            if other[2] == port:
-                raise StartupError(
-                    f"The server cannot listen to {name} requests and {other[0]} requests "
-                    f"at the same address and port {address}:{port}"
-                )
-
-
-def _repository_paths(args) -> list[str]:
-    from kernel.core.server import StartupError
-
-    if args.model_repository:
-        return list(args.model_repository)
-    storage = os.environ.get("AIP_STORAGE_URI", "")
-    if storage:  # Vertex AI hands the model location over in the environment
-        return [storage]
-    # As tritonserver: no repository, no server (`make serve` names model_repo_examples/).
-    raise StartupError("Invalid argument - --model-repository must be specified")
-
-
-def _check_local(path: str) -> None:
-    from kernel.core.server import StartupError
-
-    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", path)
-    if scheme:
-        where = " (from AIP_STORAGE_URI)" if path == os.environ.get("AIP_STORAGE_URI") else ""
-        raise StartupError(
-            f"model repository '{path}'{where}: {scheme.group(1)}:// repositories are not supported by Kernel; "
-            "copy the repository to a local directory and serve that path"
-        )
-
-
-def _check_repository(path: Path) -> None:
-    """A model repository that is missing, or a file, or unreadable stops start-up naming which.
-
-    tritonserver 2.51 says `Internal - failed to stat file /nope` for a path that does not exist and
-    `Invalid argument - repository path is not a valid directory` for a file; Kernel keeps those
-    words and adds what was found, and the path."""
-    from kernel.core.server import StartupError
-
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        raise StartupError(f"Internal - failed to stat file {path}: the model repository does not exist") from None
-    except OSError as exc:
-        raise StartupError(f"Internal - failed to stat file {path}: {exc.strerror}") from None
-    if not stat.S_ISDIR(mode):
-        raise StartupError(f"Invalid argument - repository path is not a valid directory: '{path}' is not a "
-                           "directory")
-
-
 def _parse_metrics_config(values: list[str]) -> dict[str, str]:
     """--metrics-config summary_latencies=true, each value already checked by parse_metrics_setting."""
     out: dict[str, str] = {}
@@ -431,19 +353,20 @@ def build_server(args) -> "Server":
     """
     from kernel.backends.python import PythonBackend
     from kernel.core.server import ServerOptions, StartupError
+    from kernel.serve import checks
     from kernel.observe.trace_settings import TraceConfigError, config_from_flags
     from kernel.serve.compose import compose_server
     from kernel.transports.http_limits import Http1Limits
 
-    paths = _repository_paths(args)
+    paths = checks.repository_paths(args)
     for r in paths:
-        _check_local(r)
+        checks.check_local(r)
     if args.metrics_address is None:  # as tritonserver: the HTTP address, when there is one
         args.metrics_address = args.http_address if args.allow_http else "0.0.0.0"
-    check_ports(args)
+    checks.check_ports(args)
     repos = [Path(r) for r in paths]
     for r in repos:
-        _check_repository(r)
+        checks.check_repository(r)
     backend_config = _parse_backend_config(args.backend_config)
     try:
         trace_config = config_from_flags(
@@ -561,18 +484,31 @@ async def serve(args) -> int:
 
 
 async def _serve(args, stop: asyncio.Event) -> int:
+    from kernel.serve.fronts import count
+
+    fronts = count.resolve(args.front_processes) if getattr(args, "argv", None) is not None else 1
+    single = count.single_front_reason(args) if fronts > 1 else ""
+    if single:
+        if args.front_processes != "auto":
+            log.warning("--front-processes %d: one front process serves: %s", fronts, single)
+        fronts = 1
     with signals_interrupt(stop):  # the imports below hold the loop; a signal still stops at once
         server = build_server(args)
+        if fronts > 1:
+            from kernel.serve.fronts.launch import serve_with_fronts
         remote = None
         if args.allow_remote_binding:  # PyTriton's remote binding (the callable backend, msgspec, protobuf)
             from kernel.serve.remote import remote_binding_host
 
             remote = remote_binding_host(server, args)
+    if fronts > 1:
+        return await serve_with_fronts(server, remote, args, fronts, stop)
     return await run(server, remote, stop)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what front processes start with (fronts/launch.py)
     server_log.configure(args.log_verbose, args.log_info, args.log_warning, args.log_error,
                          args.log_format, args.log_file, role=server_log.SERVE)
     for flag in args.no_effect:

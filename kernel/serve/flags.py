@@ -57,6 +57,17 @@ def parse_int_text(value: str) -> str:
     return str(parse_int(value))
 
 
+def parse_front_processes(value: str):
+    """--front-processes: 'auto' or a count of front processes (kernel.serve.fronts.count)."""
+    text = value.strip().lower()
+    if text == "auto":
+        return "auto"
+    count = _leading_int(value, 32)
+    if not 1 <= count <= 254:  # link ids are one byte, 0 is the supervisor's (kernel.serve.fronts.count)
+        raise argparse.ArgumentTypeError(f"--front-processes must be 'auto' or 1 to 254. Got {value}")
+    return count
+
+
 def parse_float(value: str) -> float:
     """<float>: C's stof, as tritonserver reads it: the leading number ('2000abc' is 2000, '1e3',
     hexadecimal '0x10'); beyond a 32-bit float refused."""

@@ -96,8 +96,11 @@ def signals_interrupt(stop: asyncio.Event):
             loop.add_signal_handler(sig, _received, stop, sig)
 
 
-async def run(server, remote, stop: asyncio.Event) -> int:
+async def run(server, remote, stop: asyncio.Event, fronts=None) -> int:
     """Start `server` (and the remote-binding host), serve until `stop` is set, stop; the exit status.
+
+    fronts: the supervisor of several front processes (kernel.serve.fronts), started with the
+    server, served once it has loaded, and stopped before it.
 
     Start-up runs as a task, so that a signal during a long model load abandons it: the loads are
     cancelled (the backend stops the workers it was starting) and the server stops at once, where
@@ -106,7 +109,7 @@ async def run(server, remote, stop: asyncio.Event) -> int:
     from kernel.core.server import StartupError
     from kernel.core.transport import TransportStartError
 
-    startup = asyncio.ensure_future(_start(server, remote))
+    startup = asyncio.ensure_future(_start(server, remote, fronts))
     signalled = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait((startup, signalled), return_when=asyncio.FIRST_COMPLETED)
@@ -119,33 +122,37 @@ async def run(server, remote, stop: asyncio.Event) -> int:
                          if m.state.value == "LOADING")
         if loading:
             log.info("start-up interrupted: stopped loading %s", ", ".join(loading))
-        await _stop(server, remote)
+        await _stop(server, remote, fronts)
         return 0
     try:
         startup.result()
     except TransportStartError as exc:
         log.error("%s", service_failure(exc))
-        await server.stop()
+        await _stop(server, None, fronts)
         return 1
     except (StartupError, OSError) as exc:
         if str(exc).startswith("failed to start "):  # a service refused its settings, e.g. Vertex AI's
             log.error("%s", exc)
         else:
             log.error("error: creating server: %s", exc)
-        await server.stop()
+        await _stop(server, None, fronts)
         return 1
     await stop.wait()
-    await _stop(server, remote)
+    await _stop(server, remote, fronts)
     return 0
 
 
-async def _start(server, remote) -> None:
+async def _start(server, remote, fronts=None) -> None:
     from kernel.backends.python import standby
 
     await server.open()  # listen (live) and check every port before any model loads
+    if fronts is not None:
+        await fronts.start()  # they listen (live, not ready) while the models load
     await server.start()
     standby.release()  # start-up loading is over: the standbys nobody took exit
     await server.start_transports()
+    if fronts is not None:
+        await fronts.serve()
     if remote is not None:
         await remote.start()
     # What start-up made (modules, configs, protobuf descriptors: most of the heap) lives as long as
@@ -155,9 +162,11 @@ async def _start(server, remote) -> None:
     gc.freeze()
 
 
-async def _stop(server, remote) -> None:
+async def _stop(server, remote, fronts=None) -> None:
     if remote is not None:
         remote.stop_listening()
+    if fronts is not None:
+        await fronts.stop()  # every front drains its requests (within the exit timeout) first
     await server.stop()
     if remote is not None:
         await remote.close()

@@ -197,7 +197,7 @@ def identity_instance(tmp_path):
     config = {"name": "identity_fp32", "backend": "python", "max_batch_size": 0,
               "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": ["-1"]}]}
     source = ModelSource("identity_fp32", 1, repo / "identity_fp32", repo / "identity_fp32" / "1", repo,
-                         SimpleNamespace(default_model_filename=""), json.dumps(config))
+                         SimpleNamespace(default_model_filename="", parameters={}), json.dumps(config))
     return WorkerInstance(source, "identity_fp32_0_0", "KIND_CPU", 0, WorkerSettings())
 
 

@@ -41,7 +41,7 @@ def instance(repo: Path, name: str) -> WorkerInstance:
         shutil.copytree(IDENTITY, model_dir)
     config = {"name": name, "backend": "python", "max_batch_size": 0,
               "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": ["-1"]}]}
-    source = ModelSource(name, 1, model_dir, model_dir / "1", repo, SimpleNamespace(default_model_filename=""),
+    source = ModelSource(name, 1, model_dir, model_dir / "1", repo, SimpleNamespace(default_model_filename="", parameters={}),
                          json.dumps(config))
     return WorkerInstance(source, f"{name}_0_0", "KIND_CPU", 0, WorkerSettings(stub_timeout_seconds=STUB_TIMEOUT_S))
 

@@ -4,13 +4,57 @@
 Each model reports what a client cannot see: where its input was (ON_GPU) and the bytes Kernel
 copied in its process (COPIED: device to host, device to device, host to device; read from
 kernel.backends.python.gpu_worker.COPIED, the worker's own counters) and how many of its GPU
-exports are still held (LIVE).
+exports are still held (LIVE). GPU_ADD_SUB and DLPACK_IDENTITY are plain Python-backend models:
+benchmarks/gpu_vs_triton.py serves them to real Triton too.
 """
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+
+# add_sub whose instance reports where it runs, and computes on its GPU through DLPack.
+GPU_ADD_SUB = textwrap.dedent('''
+    import cupy as cp
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            assert args["model_instance_kind"] == "GPU", args["model_instance_kind"]
+            self.device = int(args["model_instance_device_id"])
+
+        def execute(self, requests):
+            responses = []
+            with cp.cuda.Device(self.device):
+                for request in requests:
+                    ins = [pb_utils.get_input_tensor_by_name(request, n) for n in ("INPUT0", "INPUT1")]
+                    a, b = (cp.from_dlpack(t) if not t.is_cpu() else cp.asarray(t.as_numpy())
+                            for t in ins)
+                    outs = [pb_utils.Tensor.from_dlpack("OUTPUT0", a + b), pb_utils.Tensor.from_dlpack("OUTPUT1", a - b)]
+                    assert not any(o.is_cpu() for o in outs)
+                    responses.append(pb_utils.InferenceResponse(outs))
+            return responses
+''')
+
+# Identity through DLPack on the GPU: the output tensor shares the CuPy array's device memory.
+DLPACK_IDENTITY = textwrap.dedent('''
+    import cupy as cp
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                t = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+                x = cp.from_dlpack(t) if not t.is_cpu() else cp.asarray(t.as_numpy())
+                out = pb_utils.Tensor.from_dlpack("OUTPUT0", x)
+                back = cp.from_dlpack(out)
+                if out.is_cpu() or back.data.ptr != x.data.ptr:
+                    raise pb_utils.TritonModelException("DLPack did not keep the tensor on the GPU, in place")
+                responses.append(pb_utils.InferenceResponse([out]))
+            return responses
+''')
 
 # probe: OUTPUT0 = INPUT0 + 1 where INPUT0 is (on the GPU when it arrives there: the output is then
 # a GPU tensor too). INPUT0[0] == -1 makes the process exit (a producer that dies).

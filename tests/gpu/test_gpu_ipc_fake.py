@@ -13,13 +13,8 @@ What only a GPU can show (the driver's IPC, real copies, timings) is test_on_gpu
 from __future__ import annotations
 
 import base64
-import importlib.util
 import os
-import subprocess
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,94 +22,13 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conftest import KernelProcess, running
-from gpu_models import HOST_BLS, HOST_BLS_CONFIG, PROBE, gpu_repository, probe_config, write
-
-FAKE = Path(__file__).resolve().parent / "fake_cupy"
-NO_CUPY = Path(__file__).resolve().parent / "no_cupy"
-N = 1 << 16  # 256 KiB of FP32: above the inline limit, so nothing rides in the message itself
-
-
-def load_fake():
-    """The stand-in as a module of its own (not `cupy`): the test's client allocates with it."""
-    spec = importlib.util.spec_from_file_location("fake_cupy_client", FAKE / "cupy" / "__init__.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class CopyLog:
-    """The stand-in's log of copies and IPC events, read from a mark on."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        path.touch()
-        self.mark()
-
-    def mark(self) -> None:
-        self._start = self.path.stat().st_size
-
-    def events(self) -> list[tuple[int, str, int]]:
-        with open(self.path, "rb") as f:
-            f.seek(self._start)
-            return [(int(p), e, int(n)) for p, e, n in (line.split() for line in f.read().decode().splitlines())]
-
-    def bytes(self, kind: str) -> int:
-        return sum(n for _, e, n in self.events() if e == kind)
-
-    def count(self, kind: str) -> int:
-        return sum(1 for _, e, _ in self.events() if e == kind)
-
-
-def fake_env(tmp: Path, **extra) -> dict:
-    return {"PYTHONPATH": os.pathsep.join([str(FAKE), os.environ.get("PYTHONPATH", "")]), "KERNEL_GPU_IDS": "0",
-            "FAKE_CUPY_LOG": str(tmp / "copies.log"), **extra}
-
-
-@pytest.fixture(scope="module")
-def gpu(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fake_gpu")
-    repo = gpu_repository(tmp / "models")
-    server = KernelProcess([repo], env=fake_env(tmp))
-    server.copies = CopyLog(tmp / "copies.log")
-    yield from running(server)
-
-
-@pytest.fixture(scope="module")
-def fake():
-    return load_fake()
+from fake_gpu import N, NO_CUPY, fake, fake_env, gpu, infer, live_exports, until  # noqa: F401 - fixtures
+from gpu_models import HOST_BLS, HOST_BLS_CONFIG, PROBE, probe_config, write
 
 
 def clients(server):
     return [("http", httpclient, httpclient.InferenceServerClient(server.url)),
             ("grpc", grpcclient, grpcclient.InferenceServerClient(server.grpc_url))]
-
-
-def infer(server, model, inputs: dict, outputs=None, protocol="http"):
-    lib = httpclient if protocol == "http" else grpcclient
-    c = lib.InferenceServerClient(server.url if protocol == "http" else server.grpc_url)
-    try:
-        ins = []
-        for name, value in inputs.items():
-            t = lib.InferInput(name, list(value.shape), {np.float32: "FP32", np.int32: "INT32"}[value.dtype.type])
-            t.set_data_from_numpy(value)
-            ins.append(t)
-        return c.infer(model, ins, outputs=[lib.InferRequestedOutput(o) for o in outputs] if outputs else None)
-    finally:
-        c.close()
-
-
-def until(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
-
-
-def live_exports(server, model="probe") -> int:
-    """How many of `model`'s GPU exports are held now (asked of the model: it reports its worker's)."""
-    return int(infer(server, model, {"INPUT0": np.zeros(1, np.float32)}).as_numpy("LIVE")[0])
 
 
 # ---- a GPU output goes where it is wanted, copied to the host only for the wire ------------------------
@@ -159,9 +73,11 @@ def test_cuda_shared_memory_in_and_out_never_visits_the_host(gpu, fake, protocol
     finally:
         c.unregister_cuda_shared_memory()
         c.close()
-    # every handle the server opened for this (the client's in the front at registration and in the
-    # worker, the worker's in the front) is closed again, and the export is freed
-    assert until(lambda: gpu.copies.count("ipc_open") == gpu.copies.count("ipc_close")), gpu.copies.events()
+    # every mapping of the client's memory (the front's, made at registration, and the worker's, kept
+    # open for the next request) is closed again once unregistered, and the export is freed; the
+    # front keeps its mapping of the worker's permanent block while that worker runs
+    assert until(lambda: gpu.copies.count("ipc_open", x.nbytes) == gpu.copies.count("ipc_close", x.nbytes)), \
+        gpu.copies.events()
     assert until(lambda: live_exports(gpu) == 0)
 
 
@@ -214,7 +130,8 @@ def test_bls_passes_a_gpu_tensor_with_no_host_copy(gpu):
     # the caller's input export and the callee's output export: one device copy each
     assert gpu.copies.bytes("d2d") == 2 * N * 4
     assert until(lambda: live_exports(gpu) == 0)
-    assert until(lambda: gpu.copies.count("ipc_open") == gpu.copies.count("ipc_close")), gpu.copies.events()
+    # each worker opened the other's permanent block on the warm call and keeps it: no open per call
+    assert gpu.copies.count("ipc_open") == 0, gpu.copies.events()
 
 
 def test_bls_preferred_memory_is_honoured(gpu):

@@ -21,7 +21,7 @@ import pytest
 
 from kernel.backends.python import gpu_worker, messages
 from kernel.backends.python.gpu_front import DeviceTensors
-from kernel.core.device_memory import ALL_OUTPUTS, DeviceBuffer, IpcMappings, device_ok, wire_form
+from kernel.core.device_memory import ALL_OUTPUTS, DeviceBuffer, IpcMappings, Lifetime, device_ok, wire_form
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferTensor
 
@@ -57,13 +57,14 @@ def test_device_outputs_rules():
     assert device_ok(ALL_OUTPUTS, "X") and device_ok({"X"}, "X")
     assert not device_ok(None, "X") and not device_ok({"Y"}, "X") and not device_ok(frozenset(), "X")
     assert wire_form(None) is False and wire_form(ALL_OUTPUTS) is True and wire_form({"b", "a"}) == ["a", "b"]
-    # a host tensor's frame without the GPU fields still decodes; with them it is 3 bytes longer
+    # a host tensor's frame without the GPU fields still decodes; with them (ipc, device, token,
+    # keep) it is 4 bytes longer
     import msgspec
 
     old = msgspec.msgpack.encode(["X", "FP32", [1], b"\0" * 4, -1, 0, 0, -1])
     plain = msgspec.msgpack.decode(old, type=messages.Tensor)
-    assert plain.ipc is None and plain.token == 0 and plain.device == -1
-    assert len(msgspec.msgpack.encode(plain)) == len(old) + 3
+    assert plain.ipc is None and plain.token == 0 and plain.device == -1 and not plain.keep
+    assert len(msgspec.msgpack.encode(plain)) == len(old) + 4
 
 
 def test_a_buffer_whose_producer_is_gone_is_a_clear_error_not_a_read():
@@ -225,3 +226,48 @@ def test_ipc_mappings_open_a_handle_once_per_process(fake):
     finally:
         proc.stdin.close()
         proc.wait(10)
+
+
+def test_ipc_mappings_keep_a_handle_open_while_a_keeper_asks(fake, monkeypatch):
+    """A client region's handle stays open between requests (opening costs hundreds of microseconds)
+    until every keeper lets go: a front's DeviceUnmap, its link closing, or a Lifetime ending."""
+    procs = [exporter(64) for _ in range(3)]
+    (_, h1), (_, h2), (_, h3) = procs
+    try:
+        table = IpcMappings(fake)
+        table.acquire(h1, 0, keeper=1)
+        table.acquire(h1, 0, keeper=2)  # a second front (link) lends the same region
+        table.release(h1, 0)
+        table.release(h1, 0)
+        assert fake.open_count() == 1, "a kept handle was closed after its last use"
+        table.forget(h1, 0, 1)
+        assert fake.open_count() == 1  # link 2 still has it registered
+        table.acquire(h1, 0, keeper=2)
+        table.forget_keeper(2)  # link 2 closed while a request still uses it: closed after that use
+        assert fake.open_count() == 1
+        table.release(h1, 0)
+        assert fake.open_count() == 0 and table.open_count == 0
+
+        lifetime = Lifetime()  # the front's side: a region's mapping, a worker generation
+        table.acquire(h2, 0, keeper=lifetime)
+        table.acquire(h2, 0, keeper=lifetime)
+        table.release(h2, 0)
+        table.release(h2, 0)
+        assert fake.open_count() == 1
+        lifetime.end()
+        assert fake.open_count() == 0
+        table.acquire(h2, 0, keeper=lifetime)  # an ended lifetime keeps nothing open
+        table.release(h2, 0)
+        assert fake.open_count() == 0
+
+        monkeypatch.setattr(IpcMappings, "KEPT_IDLE", 1)  # past the bound the least recently used goes
+        for handle in (h1, h2, h3):
+            table.acquire(handle, 0, keeper=1)
+            table.release(handle, 0)
+        assert table.open_count == 1 and fake.open_count() == 1
+        table.forget_keeper(1)
+        assert fake.open_count() == 0
+    finally:
+        for proc, _ in procs:
+            proc.stdin.close()
+            proc.wait(10)

@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 from kernel.core import gpu
-from gpu_models import gpu_repository
+from fake_gpu import infer
+from gpu_models import DLPACK_IDENTITY, GPU_ADD_SUB, gpu_repository
 
 
 def _gpu_count() -> int:
@@ -61,49 +62,6 @@ output [
 ]
 {extra}
 '''
-
-# add_sub whose instance reports where it runs, and computes on its GPU through DLPack.
-GPU_ADD_SUB = textwrap.dedent('''
-    import cupy as cp
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            assert args["model_instance_kind"] == "GPU", args["model_instance_kind"]
-            self.device = int(args["model_instance_device_id"])
-
-        def execute(self, requests):
-            responses = []
-            with cp.cuda.Device(self.device):
-                for request in requests:
-                    ins = [pb_utils.get_input_tensor_by_name(request, n) for n in ("INPUT0", "INPUT1")]
-                    a, b = (cp.from_dlpack(t) if not t.is_cpu() else cp.asarray(t.as_numpy())
-                            for t in ins)
-                    outs = [pb_utils.Tensor.from_dlpack("OUTPUT0", a + b), pb_utils.Tensor.from_dlpack("OUTPUT1", a - b)]
-                    assert not any(o.is_cpu() for o in outs)
-                    responses.append(pb_utils.InferenceResponse(outs))
-            return responses
-''')
-
-# Identity through DLPack on the GPU: the output tensor shares the CuPy array's device memory.
-DLPACK_IDENTITY = textwrap.dedent('''
-    import cupy as cp
-    import triton_python_backend_utils as pb_utils
-
-    class TritonPythonModel:
-        def execute(self, requests):
-            responses = []
-            for request in requests:
-                t = pb_utils.get_input_tensor_by_name(request, "INPUT0")
-                x = cp.from_dlpack(t) if not t.is_cpu() else cp.asarray(t.as_numpy())
-                out = pb_utils.Tensor.from_dlpack("OUTPUT0", x)
-                back = cp.from_dlpack(out)
-                if out.is_cpu() or back.data.ptr != x.data.ptr:
-                    raise pb_utils.TritonModelException("DLPack did not keep the tensor on the GPU, in place")
-                responses.append(pb_utils.InferenceResponse([out]))
-            return responses
-''')
 
 # BLS: hands a GPU tensor to dlpack_identity and checks what comes back.
 BLS_GPU = textwrap.dedent('''
@@ -180,21 +138,6 @@ def clients(server):
 
     return [("http", httpclient, httpclient.InferenceServerClient(server.url)),
             ("grpc", grpcclient, grpcclient.InferenceServerClient(server.grpc_url))]
-
-
-def infer(server, model, inputs: dict, outputs=None):
-    import tritonclient.http as httpclient
-
-    c = httpclient.InferenceServerClient(server.url, network_timeout=120)
-    try:
-        ins = []
-        for name, value in inputs.items():
-            t = httpclient.InferInput(name, list(value.shape), {np.float32: "FP32", np.int32: "INT32"}[value.dtype.type])
-            t.set_data_from_numpy(value)
-            ins.append(t)
-        return c.infer(model, ins, outputs=[httpclient.InferRequestedOutput(o) for o in outputs] if outputs else None)
-    finally:
-        c.close()
 
 
 def test_kind_gpu_add_sub_serves_tritonclient(gpu_server):

@@ -39,7 +39,7 @@ class EncodingChannel:
 
 def instance(channel) -> WorkerInstance:
     source = ModelSource("m", 1, Path("/nonexistent/m"), Path("/nonexistent/m/1"), Path("/nonexistent"),
-                         SimpleNamespace(default_model_filename=""), "{}")
+                         SimpleNamespace(default_model_filename="", parameters={}), "{}")
     inst = WorkerInstance(source, "m_0_0", "KIND_CPU", 0, WorkerSettings(shm_default_byte_size=1 << 20))
     inst.healthy = True
     inst.channel = channel

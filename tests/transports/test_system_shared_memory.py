@@ -23,7 +23,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from conftest import EXAMPLES, TEST_MODELS, serving
+from conftest import children, EXAMPLES, TEST_MODELS, serving
 
 PROTOCOLS = ["http", "grpc"]
 
@@ -327,18 +327,27 @@ def test_unregister_one_then_all(client, regions):
 
 
 def mapped(server, key: str) -> bool:
-    """Whether the server process holds the shared-memory object `key` open (it reads and writes it
-    with pread/pwrite, never through a mapping a client could shrink: see kernel/core/shared_memory.py)."""
+    """Whether the server holds the shared-memory object `key` open (it reads and writes it with
+    pread/pwrite, never through a mapping a client could shrink: see kernel/core/shared_memory.py).
+    The server is its process, and its front processes when it runs several."""
     target = "/dev/shm/" + key.lstrip("/")
-    fds = f"/proc/{server.proc.pid}/fd"
     held = False
-    for fd in os.listdir(fds):
+    for pid in [server.proc.pid, *children(server.proc.pid)]:
+        fds = f"/proc/{pid}/fd"
         try:
-            held = held or os.readlink(f"{fds}/{fd}") == target
+            names = os.listdir(fds)
+        except OSError:
+            continue
+        for fd in names:
+            try:
+                held = held or os.readlink(f"{fds}/{fd}") == target
+            except OSError:
+                pass
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                assert not any(line.rstrip().endswith(target) for line in f), "the object is mapped"
         except OSError:
             pass
-    with open(f"/proc/{server.proc.pid}/maps") as f:
-        assert not any(line.rstrip().endswith(target) for line in f), "the object is mapped"
     return held
 
 

@@ -25,6 +25,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server as _GrpclibServer
 
 from kernel.core.errors import KernelError
+from kernel.transports import listen
 from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec, compression
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
@@ -253,7 +254,8 @@ class GrpclibServer:
         self.server = server_type([binding], codec=_Codec(), config=config or Configuration())
 
     async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
-        await self.server.start(address, port, ssl=ssl_context, reuse_address=True)
+        # (several fronts share the port: transports/listen.py)
+        await self.server.start(address, port, ssl=ssl_context, reuse_address=True, reuse_port=listen.shared_ports)
 
     def bound_port(self) -> Optional[int]:
         srv = self.server._server

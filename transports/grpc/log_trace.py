@@ -14,14 +14,14 @@ from kernel.observe.trace_settings import CLEAR, TraceUpdate, parse_count, parse
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 
 
-def log_settings(server, msg) -> pb.LogSettingsResponse:
+async def log_settings(server, msg) -> pb.LogSettingsResponse:
     settings = msg.settings
     if settings:
         changes: dict = {}
         try:
             _log_changes(settings, changes)
         finally:
-            server_log.update_settings(server, **changes)  # those before a bad value still apply, as in tritonserver
+            await server_log.change_settings(server, **changes)  # those before a bad value still apply, as in tritonserver
     s = server.log_settings
     reply = pb.LogSettingsResponse()
     out = reply.settings
@@ -61,11 +61,11 @@ def _log_changes(settings, changes: dict) -> None:
         changes["format"] = value.string_param
 
 
-def trace_setting(server, msg) -> pb.TraceSettingResponse:
+async def trace_setting(server, msg) -> pb.TraceSettingResponse:
     model_name = msg.model_name
     trace_settings.check_model(server, model_name)
     if msg.settings:
-        trace_settings.update(server, model_name, _trace_update(msg.settings))
+        await trace_settings.change(server, model_name, _trace_update(msg.settings))
     reply = pb.TraceSettingResponse()
     for key, value in trace_settings.describe(server, model_name).items():
         reply.settings[key].value.extend(value if isinstance(value, list) else [value])

@@ -28,6 +28,7 @@ from typing import Optional
 from google.protobuf.message import DecodeError
 
 from kernel.core.errors import KernelError
+from kernel.transports import listen
 from kernel.transports.restrictions import grpc_message
 from kernel.transports.grpc import codec, compression
 from kernel.transports.grpc.compressed_output import CompressedOutputMixin
@@ -528,9 +529,8 @@ class NativeServer:
 
     async def start(self, address: str, port: int, ssl_context: Optional[ssl.SSLContext]) -> None:
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(
-            lambda: GrpcConnection(self), address, port, ssl=ssl_context, reuse_address=True, backlog=1024
-        )
+        self._server = await self.loop.create_server(  # (transports/listen.py: shared by several fronts)
+            lambda: GrpcConnection(self), sock=listen.bind(address, port, "GRPC"), ssl=ssl_context, backlog=1024)
 
     def bound_port(self) -> Optional[int]:
         if self._server is None or not self._server.sockets:

@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse
 from kernel.core.server import Server
+from kernel.core.shared_memory import RegionChange
 from kernel.transports.grpc import codec
 from kernel.transports.grpc import log_trace as settings
 from kernel.transports.grpc import repository_api as repository
@@ -59,10 +60,6 @@ UNARY_RPCS = {
     "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
 }
 
-
-
-def _unsupported(feature: str) -> KernelError:
-    return KernelError(ErrorCode.UNSUPPORTED, f"{feature} is not supported by Kernel yet")
 
 
 def _no_repository_name(msg) -> None:
@@ -136,14 +133,12 @@ class InferenceService:
         model = self.server.model(msg.name, msg.version)
         return pb.ModelConfigResponse(config=model.config)
 
-    # ---- features Kernel does not have yet -------------------------------------
+    # ---- statistics extension ---------------------------------------------------
 
-    def ModelStatistics(self, msg) -> pb.ModelStatisticsResponse:
-        statistics = getattr(self.server, "statistics", None)
-        if statistics is None:
-            raise _unsupported("model statistics (ModelStatistics)")
+    async def ModelStatistics(self, msg) -> pb.ModelStatisticsResponse:
         # The core renders the statistics extension's JSON, whose field names are the proto's.
-        return json_format.ParseDict(statistics(msg.name, msg.version), pb.ModelStatisticsResponse())
+        doc = await self.server.total_statistics(msg.name, msg.version)
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse())
 
     # ---- model repository extension (the core's kernel/loading/control.py) ----
 
@@ -171,34 +166,36 @@ class InferenceService:
         regions = self.server.shared_memory.system_status(msg.name)
         return pb.SystemSharedMemoryStatusResponse(regions={region["name"]: region for region in regions})
 
-    def SystemSharedMemoryRegister(self, msg) -> pb.SystemSharedMemoryRegisterResponse:
-        self.server.shared_memory.register_system(msg.name, msg.key, msg.offset, msg.byte_size)
+    async def SystemSharedMemoryRegister(self, msg) -> pb.SystemSharedMemoryRegisterResponse:
+        await self.server.change_shared_memory(
+            RegionChange("register_system", msg.name, msg.key, msg.offset, msg.byte_size))
         return pb.SystemSharedMemoryRegisterResponse()
 
-    def SystemSharedMemoryUnregister(self, msg) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.server.shared_memory.unregister_system(msg.name)
+    async def SystemSharedMemoryUnregister(self, msg) -> pb.SystemSharedMemoryUnregisterResponse:
+        await self.server.change_shared_memory(RegionChange("unregister_system", msg.name))
         return pb.SystemSharedMemoryUnregisterResponse()
 
     def CudaSharedMemoryStatus(self, msg) -> pb.CudaSharedMemoryStatusResponse:
         regions = self.server.shared_memory.cuda_status(msg.name)
         return pb.CudaSharedMemoryStatusResponse(regions={region["name"]: region for region in regions})
 
-    def CudaSharedMemoryRegister(self, msg) -> pb.CudaSharedMemoryRegisterResponse:
+    async def CudaSharedMemoryRegister(self, msg) -> pb.CudaSharedMemoryRegisterResponse:
         # raw_handle is the cudaIpcMemHandle_t's 64 bytes themselves (tritonclient base64-decodes it).
-        self.server.shared_memory.register_cuda(msg.name, msg.raw_handle, msg.device_id, msg.byte_size)
+        await self.server.change_shared_memory(RegionChange(
+            "register_cuda", msg.name, raw_handle=msg.raw_handle, device_id=msg.device_id, byte_size=msg.byte_size))
         return pb.CudaSharedMemoryRegisterResponse()
 
-    def CudaSharedMemoryUnregister(self, msg) -> pb.CudaSharedMemoryUnregisterResponse:
-        self.server.shared_memory.unregister_cuda(msg.name)
+    async def CudaSharedMemoryUnregister(self, msg) -> pb.CudaSharedMemoryUnregisterResponse:
+        await self.server.change_shared_memory(RegionChange("unregister_cuda", msg.name))
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ---- trace and logging extensions ---------------------------------------------
 
-    def TraceSetting(self, msg) -> pb.TraceSettingResponse:
-        return settings.trace_setting(self.server, msg)
+    async def TraceSetting(self, msg) -> pb.TraceSettingResponse:
+        return await settings.trace_setting(self.server, msg)
 
-    def LogSettings(self, msg) -> pb.LogSettingsResponse:
-        return settings.log_settings(self.server, msg)
+    async def LogSettings(self, msg) -> pb.LogSettingsResponse:
+        return await settings.log_settings(self.server, msg)
 
     def restriction_denied(self, rpc: str, metadata) -> Optional[str]:
         """The header a call to `rpc` lacks when its group is restricted (None: allowed).

@@ -70,7 +70,7 @@ class HttpApp:
         try:
             if path == "/v2/models/stats":  # statistics extension, every model
                 self._require(method, "GET")
-                await send_json(send, 200, self.server.statistics())
+                await send_json(send, 200, await self.server.total_statistics())
             elif path.startswith("/v2/models/"):
                 await self._model_route(path[11:], method, scope, receive, send)
             elif path == "/v2/health/live":
@@ -156,7 +156,7 @@ class HttpApp:
             await send_json(send, 200, self.server.model_config(name, version))
         elif action == "stats":
             self._require(method, "GET")
-            await send_json(send, 200, self.server.statistics(name, version))
+            await send_json(send, 200, await self.server.total_statistics(name, version))
         elif action in ("generate", "generate_stream"):  # generate extension (transports/http/generate.py)
             self._require(method, "POST")
             await generate.handle_generate(self, name, version, action == "generate_stream", scope, receive, send)

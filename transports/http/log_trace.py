@@ -58,7 +58,7 @@ async def handle_logging(app, method: str, receive, send) -> None:
         try:
             _log_changes(doc, changes)
         finally:
-            server_log.update_settings(server, **changes)  # those before a bad value still apply
+            await server_log.change_settings(server, **changes)  # those before a bad value still apply
     s = server.log_settings
     await send_json(send, 200, {
         "log_file": s.file, "log_info": s.info, "log_warning": s.warning, "log_error": s.error,
@@ -100,7 +100,7 @@ async def handle_trace(app, model_name: str, method: str, receive, send) -> None
         doc = await _request_doc(app, receive)
         if doc is None:
             return
-        trace_settings.update(server, model_name, _trace_update(doc))
+        await trace_settings.change(server, model_name, _trace_update(doc))
     await send_response(send, 200, JSON_HEADERS, trace_settings.settings_json(trace_settings.describe(server, model_name)))
 
 

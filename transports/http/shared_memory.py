@@ -8,14 +8,14 @@
 from __future__ import annotations
 
 import base64
-import binascii
+import re
 from typing import Any, Optional
 
 import msgspec
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.cuda_shared_memory import IPC_HANDLE_SIZE
-from kernel.core.shared_memory import SharedMemoryManager
+from kernel.core.shared_memory import RegionChange, SharedMemoryManager
 from kernel.transports.asgi import send_error, send_json, send_status
 
 SYSTEM_PREFIX = "/v2/systemsharedmemory"
@@ -60,11 +60,9 @@ async def handle(app, path: str, method: str, receive, send) -> None:
     if action == "status":
         await send_json(send, 200, shm.cuda_status(name) if cuda else shm.system_status(name))
         return
+    server = app.server
     if action == "unregister":
-        if cuda:
-            shm.unregister_cuda(name)
-        else:
-            shm.unregister_system(name)
+        await server.change_shared_memory(RegionChange("unregister_cuda" if cuda else "unregister_system", name))
         await send_status(send, 200)
         return
     kind = "cuda" if cuda else "system"
@@ -74,11 +72,12 @@ async def handle(app, path: str, method: str, receive, send) -> None:
     if body is None:
         return  # client went away
     if cuda:
-        shm.register_cuda(name, *_cuda_register_request(body))
-        await send_status(send, 200)
-        return
-    key, offset, byte_size = _register_request(body)
-    shm.register_system(name, key, offset, byte_size)
+        raw_handle, device_id, byte_size = _cuda_register_request(body)
+        change = RegionChange("register_cuda", name, raw_handle=raw_handle, device_id=device_id, byte_size=byte_size)
+    else:
+        key, offset, byte_size = _register_request(body)
+        change = RegionChange("register_system", name, key, offset, byte_size)
+    await server.change_shared_memory(change)
     await send_status(send, 200)
 
 
@@ -113,7 +112,8 @@ def _cuda_register_request(body: bytes) -> tuple[bytes, int, int]:
 
     tritonclient sends {"raw_handle": {"b64": <base64 cudaIpcMemHandle_t>}, "device_id": N,
     "byte_size": N}. The checks and messages follow tritonserver 2.51's, in its order; where it
-    answers 500 for a malformed body, Kernel answers 400, as for the system register.
+    answers 500 for a malformed body, Kernel answers 400, as for the system register. The handle is
+    decoded as tritonserver decodes it (`decode_ipc_handle`), line breaks and all.
     """
     if not body:
         raise _bad("failed to parse the request JSON buffer: The document is empty.")
@@ -129,18 +129,37 @@ def _cuda_register_request(body: bytes) -> tuple[bytes, int, int]:
     b64 = handle["b64"]
     if not isinstance(b64, str):
         raise _bad("attempt to access JSON non-string as string")
-    for field in ("device_id", "byte_size"):
+    for field in ("byte_size", "device_id"):  # tritonserver reads byte_size first
         if field not in doc:
             raise _bad(f"attempt to access non-existing object member '{field}'")
         if not _is_uint(doc[field]):
             raise _bad("attempt to access JSON non-unsigned-integer as unsigned-integer")
-    try:
-        raw = base64.b64decode(b64, validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != IPC_HANDLE_SIZE:
+    raw = decode_ipc_handle(b64)
+    if raw is None:
         raise _bad("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
     return raw, doc["device_id"], doc["byte_size"]
+
+
+# The 64 alphabet characters of standard base64; anything else in a handle's text is skipped.
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/]")
+# Alphabet characters that decode to exactly IPC_HANDLE_SIZE bytes: each carries 6 bits, and a
+# last partial byte is dropped (64 bytes: 86 characters, 512 of their 516 bits).
+_HANDLE_CHARS = -(-IPC_HANDLE_SIZE * 8 // 6)
+
+
+def decode_ipc_handle(text: str) -> Optional[bytes]:
+    """The 64-byte cudaIpcMemHandle_t in `text`, decoded as tritonserver 2.51 decodes it; None if not one.
+
+    Why not base64.b64decode(validate=True): C++ clients (perf_analyzer, the C++ tritonclient)
+    encode with libb64, which ends a line every 72 characters and the text with one more line
+    break, and tritonserver decodes with libb64, which skips every character outside the base64
+    alphabet (line breaks, padding, anything else) and counts the bytes the rest make. So a handle
+    is valid when its alphabet characters make exactly 64 bytes, whatever else lies between them.
+    """
+    chars = _NOT_BASE64.sub("", text)
+    if len(chars) != _HANDLE_CHARS:
+        return None
+    return base64.b64decode(chars + "=" * (-len(chars) % 4))
 
 
 def _is_uint(value) -> bool:

@@ -35,7 +35,7 @@ class MetricsApp:
             return
         # As tritonserver: /metrics answers with the metrics; any other path
         # answers 200 with an empty body.
-        body = self.service.text().encode() if scope["path"] == "/metrics" else b""
+        body = (await self.service.total_text()).encode() if scope["path"] == "/metrics" else b""
         await send_response(send, 200, _TEXT, body)
 
 

@@ -28,7 +28,7 @@ from typing import Optional
 import msgspec
 
 from kernel.core.errors import KernelError
-from kernel.core.scheduling import in_flight_count
+from kernel.core.scheduling import in_flight_everywhere
 from kernel.transports.asgi import lifespan
 from kernel.transports.http.body import read_body
 from kernel.transports.openai import chat_template, embeddings, schema, tracing
@@ -171,7 +171,7 @@ class OpenAIApp:
             if requests > limit:
                 raise bad_request(f"the request asks for {requests} choices; model '{model.name}' runs at most "
                                   f"{limit} requests at once (max_inflight_requests)", "n")
-            busy = in_flight_count(model)
+            busy = in_flight_everywhere(model)  # (every front's, with several)
             if busy + requests > limit:
                 raise too_many_requests(f"model '{model.name}' has {busy} requests in flight, its limit is {limit} "
                                         "(max_inflight_requests); retry later")

@@ -194,4 +194,4 @@ class VertexApp:
         """The metrics page, rendered here: the metrics port may be off or elsewhere (as in Triton)."""
         if self._metrics is None:
             self._metrics = MetricsService(self.server, self.server.metrics_config, cpu_metrics=False)
-        await send_response(send, 200, [(b"content-type", b"text/plain; charset=utf-8")], self._metrics.text().encode())
+        await send_response(send, 200, [(b"content-type", b"text/plain; charset=utf-8")], (await self._metrics.total_text()).encode())

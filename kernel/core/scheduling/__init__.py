@@ -38,12 +38,30 @@ def in_flight_count(model) -> int:
     to an instance and without their final response yet (a stream counts until its last response).
 
     For the nv_inference_inflight_request_count gauge and per-model admission limits. A direct
-    scheduler over one instance hands every request to it at once, so its pending count is a part
-    of the instance's in-flight requests and is not added twice."""
+    scheduler over one instance (or over shared ones) hands every request to one at once, so its
+    pending count is a part of the instances' in-flight requests and is not added twice. These are
+    this process's requests; `BackendInstance.load` counts what every process gave an instance."""
     handed = 0
     for instance in model.instances:
         handed += instance.in_flight
     scheduler = model.scheduler
-    if scheduler is None or (isinstance(scheduler, DirectScheduler) and len(model.instances) == 1):
+    if scheduler is None or (isinstance(scheduler, DirectScheduler) and scheduler.hands_over_all()):
+        return handed
+    return handed + scheduler.pending_count()
+
+
+def in_flight_everywhere(model) -> int:
+    """in_flight_count over the whole server, for admission limits: with several front processes an
+    instance's `load` counts what every front gave it (a dynamic batcher's own queue is this
+    front's; a queue with a policy is one queue, in the supervisor); in a single process,
+    in_flight_count itself."""
+    instances = model.instances
+    if not instances or not getattr(instances[0], "shared", False):
+        return in_flight_count(model)
+    handed = 0
+    for instance in instances:
+        handed += instance.load
+    scheduler = model.scheduler
+    if scheduler is None or isinstance(scheduler, DirectScheduler):
         return handed
     return handed + scheduler.pending_count()

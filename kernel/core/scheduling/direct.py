@@ -24,6 +24,11 @@ class DirectScheduler:
     instance that finishes, so no instance idles while requests wait. While
     requests wait, cancelled ones leave the queue every CANCELLED_SWEEP_S (an
     instance whose execute never returns would otherwise keep them for good).
+
+    Instances that other processes feed too (`BackendInstance.shared`: several front processes
+    in front of one set of workers) are never waited for here: a request goes at once to the
+    least loaded healthy instance (`BackendInstance.load`, the worker's count for every front),
+    and waits in that worker, as with one instance.
     """
 
     def __init__(self, model_name: str, instances: list[BackendInstance], model=None):
@@ -42,6 +47,14 @@ class DirectScheduler:
             best = instances[0]
             if not best.healthy:
                 best = None
+        elif getattr(instances[0], "shared", False):
+            best = None
+            least = 0
+            for inst in instances:
+                if inst.healthy:
+                    load = inst.load
+                    if best is None or load < least:
+                        best, least = inst, load
         else:
             best = None
             healthy = False
@@ -95,10 +108,15 @@ class DirectScheduler:
                 self.model_name, version, request.id, error=KernelError(ErrorCode.CANCELLED, "Request was cancelled")))
 
     def pending_count(self) -> int:
-        if len(self.instances) == 1:
-            # One request executes; the rest wait in the worker.
-            return max(0, self.instances[0].in_flight - 1)
+        if self.hands_over_all():
+            # One request executes per instance; the rest wait in the worker.
+            return sum(max(0, inst.in_flight - 1) for inst in self.instances)
         return len(self._queue)
+
+    def hands_over_all(self) -> bool:
+        """Every request goes to an instance at once (one instance, or shared ones): nothing waits
+        here, so the pending requests are a part of the instances' in-flight ones."""
+        return len(self.instances) == 1 or getattr(self.instances[0], "shared", False)
 
     def close(self) -> None:
         error = KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; the request was not executed")

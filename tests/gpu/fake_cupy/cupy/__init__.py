@@ -17,8 +17,11 @@ DLPack, asarray / asnumpy / from_dlpack and a little arithmetic (computed on the
 the device memory here, so it counts as no transfer).
 
 Every copy is appended to the file named by FAKE_CUPY_LOG (one "pid kind nbytes" line, kind one of
-h2d d2h d2d), and every allocation, IPC open and close too, so a test can count host copies across
-the server's processes. Environment: FAKE_CUPY_DEVICES (default 1), FAKE_CUPY_HIP=1 (a ROCm build).
+h2d d2h d2d), and every allocation, IPC open and close too (with the allocation's size), so a test
+can count host copies and handle opens across the server's processes. The first call of a process
+that needs a CUDA context (an allocation, a copy, an IPC call) logs "context" once: when a process
+set CUDA up. Environment: FAKE_CUPY_DEVICES (default 1), FAKE_CUPY_HIP=1 (a ROCm build),
+FAKE_CUPY_CONTEXT_S (seconds that first call takes, as CUDA's set-up does; default 0).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import mmap
 import os
 import struct
 import threading
+import time
 import types
+import weakref
 
 import numpy as np
 
@@ -51,6 +56,18 @@ class CUDARuntimeError(RuntimeError):
     pass
 
 
+_context_made = False
+
+
+def _context() -> None:
+    """CUDA makes a process's context on its first call that needs one: logged, and as slow as asked."""
+    global _context_made
+    if not _context_made:
+        _context_made = True
+        _log("context")
+        time.sleep(float(os.environ.get("FAKE_CUPY_CONTEXT_S", "0")))
+
+
 def _address(m: mmap.mmap) -> int:
     probe = ctypes.c_char.from_buffer(m)
     addr = ctypes.addressof(probe)
@@ -61,7 +78,8 @@ def _address(m: mmap.mmap) -> int:
 # ---- allocations and IPC ---------------------------------------------------------------------------
 
 _lock = threading.RLock()
-_allocations: dict[int, "Memory"] = {}  # base pointer -> live Memory of this process
+# base pointer -> live Memory of this process (weakly: an allocation is freed when its last user lets go)
+_allocations: "weakref.WeakValueDictionary[int, Memory]" = weakref.WeakValueDictionary()
 _opened: dict[bytes, list] = {}  # handle -> [pointer, opens, mmap]
 _opened_by_ptr: dict[int, bytes] = {}
 _local = threading.local()
@@ -102,6 +120,7 @@ class Memory:
     """cudaMalloc: a memfd of its own, mapped here."""
 
     def __init__(self, size: int):
+        _context()
         self.size = size
         self.device_id = getattr(_local, "device", 0)
         self._fd = os.memfd_create("fake-cuda", os.MFD_CLOEXEC)
@@ -161,7 +180,7 @@ def get_current_stream():
 
 def _allocation_of(ptr: int) -> "Memory":
     with _lock:
-        for base, mem in _allocations.items():
+        for base, mem in list(_allocations.items()):
             if base <= ptr < base + max(mem.size, 1):
                 return mem
     raise CUDARuntimeError("cudaErrorInvalidValue: invalid argument (not a device allocation of this process)")
@@ -194,12 +213,14 @@ class _Runtime(types.SimpleNamespace):
 
     @staticmethod
     def ipcGetMemHandle(ptr: int) -> bytes:
+        _context()
         mem = _allocation_of(ptr)
         body = _MAGIC + struct.pack("<iiqi", os.getpid(), mem._fd, mem.size, mem.device_id)
         return body + b"\0" * (64 - len(body))
 
     @staticmethod
     def ipcOpenMemHandle(handle: bytes, flags: int = 1) -> int:
+        _context()
         handle = bytes(handle)
         if len(handle) != 64 or not handle.startswith(_MAGIC):
             raise CUDARuntimeError("cudaErrorInvalidValue: invalid argument")
@@ -236,11 +257,13 @@ class _Runtime(types.SimpleNamespace):
             if entry[1]:
                 return
             del _opened[handle], _opened_by_ptr[ptr]
+            size = len(entry[2])
             entry[2].close()
-        _log("ipc_close")
+        _log("ipc_close", size)
 
     @staticmethod
     def memcpy(dst: int, src: int, size: int, kind: int) -> None:
+        _context()
         ctypes.memmove(dst, src, size)
         _log({1: "h2d", 2: "d2h", 3: "d2d", 4: "d2d"}.get(kind, "h2h"), size)
 
