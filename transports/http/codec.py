@@ -22,9 +22,11 @@ from kernel.transports.request_bounds import MAX_DIMS, MAX_TENSORS
 from kernel.transports.http import json_errors, parameters
 
 # What a parameter may hold, as tritonserver reads them: int, bool, string, and JSON numbers (as
-# doubles); null is let through to the checks that refuse it with tritonserver's words. Typed so,
-# msgspec stops at the first array or object instead of building it (issue 31: 24 MiB of `[],...`
-# in one parameter took 1.9 s of the front's interpreter lock); see decode_header for what then.
+# doubles); null is let through to the checks that refuse it with tritonserver's words. Typed so
+# (large_json's decoders), msgspec stops at the first array or object instead of building it
+# (issue 31: 24 MiB of `[],...` in one parameter took 1.9 s of the front's interpreter lock); see
+# decode_header for what then. A header small enough to decode on the loop keeps them untyped:
+# its size bounds the work, and the checks after the decode are the same.
 Scalar = Union[None, bool, int, float, str]
 Parameters = dict[str, Scalar]
 
@@ -46,7 +48,7 @@ def request_decoders(data: Any, shape: Any) -> tuple[msgspec.json.Decoder, msgsp
             msgspec.json.Decoder(request_struct(data, shape, dict[str, msgspec.Raw])))
 
 
-_decoders = request_decoders(Any, list[int])
+_decoders = (msgspec.json.Decoder(request_struct(Any, list[int], dict[str, Any])), None)
 _scalar = msgspec.json.Decoder(Scalar)
 _any = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -62,7 +64,8 @@ def _bad(message: str) -> KernelError:
 def decode_header(header, decoders=_decoders, original=None):
     """The request's JSON header (as request_struct), refused with tritonserver's words.
 
-    A parameter that is an array or an object stops the first decoder at once; the header is then
+    With typed parameters (request_decoders), a parameter that is an array or an object stops the
+    first decoder at once; the header is then
     decoded again with every parameter's JSON kept as it is (msgspec.Raw: nothing built), each
     scalar decoded and the others replaced by a stand-in (_parameter), so that the checks after
     this refuse a request parameter or a reserved tensor parameter with tritonserver's words and
@@ -73,7 +76,7 @@ def decode_header(header, decoders=_decoders, original=None):
         try:
             return strict.decode(header)
         except msgspec.ValidationError as exc:
-            request = _with_raw_parameters(header, lenient, original)
+            request = None if lenient is None else _with_raw_parameters(header, lenient, original)
             if request is None:
                 raise _bad(f"Unable to parse inference request: {exc}") from None
             return request
@@ -149,10 +152,8 @@ def json_tensor(inp) -> InferTensor:
         raise _bad(f"BF16 input '{inp.name}' must be sent as binary data")
     count = datatypes.element_count(inp.shape)
     flat = flatten(data)
-    if len(flat) != count and dict in set(map(type, flat)):
-        raise object_error(inp)
     if len(flat) != count:
-        raise count_error(inp, len(flat), count)
+        raise object_error(inp) if dict in set(map(type, flat)) else count_error(inp, len(flat), count)
     if datatype == "BYTES":
         problem = not_strings(inp, flat)
         if problem is not None:
