@@ -29,6 +29,7 @@ from kernel.core.request import (
     RequestedOutput,
 )
 from kernel.core.shared_memory import RequestWindows, SharedMemoryManager
+from kernel.transports import request_bounds
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 
 # gRPC status codes (the numbers are part of the gRPC protocol).
@@ -261,6 +262,11 @@ def _expect(tensor: str, key: str, p, kind: str):
 # ---------------------------------------------------------------- requests
 
 
+# Top-level fields of a ModelInferRequest within request_bounds: its names and id, each
+# parameter (a map entry each), each input, output and raw_input_contents.
+_MAX_TOP_FIELDS = 8 + request_bounds.MAX_PARAMETERS + 3 * request_bounds.MAX_TENSORS
+
+
 def split_raw_inputs(data) -> Optional[tuple[bytes, list]]:
     """A serialized ModelInferRequest's `raw_input_contents` as views of `data`, and the rest of it.
 
@@ -269,7 +275,9 @@ def split_raw_inputs(data) -> Optional[tuple[bytes, list]]:
     Only the top level is walked (a handful of fields); the rest, with the
     inputs' names, shapes and parameters, is parsed by protobuf as before.
     None when `data` is not well-formed at the top level: the caller parses it
-    whole and gets protobuf's own error.
+    whole and gets protobuf's own error; None too past _MAX_TOP_FIELDS fields
+    (this walk is Python on the event loop: a million outputs took it 1 s), which
+    the codec then refuses by request_bounds.
     """
     view = memoryview(data)
     n = len(view)
@@ -277,8 +285,12 @@ def split_raw_inputs(data) -> Optional[tuple[bytes, list]]:
     keep_from = 0
     keep = []
     raws = []
+    fields = 0
     try:
         while pos < n:
+            fields += 1
+            if fields > _MAX_TOP_FIELDS:
+                return None
             tag, pos = _read_varint(view, pos)
             kind = tag & 7
             if kind == 2:
@@ -330,13 +342,20 @@ def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, raws: Op
     when they were taken out of the message (split_raw_inputs).
     """
     model_name = msg.model_name
+    request_bounds.check_tensors(len(msg.inputs), len(msg.outputs))  # (counted as each is read, below)
+    parameters = len(msg.parameters)
+    request_bounds.check_parameters(parameters)
     raw_contents = msg.raw_input_contents if raws is None else raws
     n_raw = len(raw_contents)
     tensors = []
     index = 0
     windows = None  # client shared-memory windows, if any tensor uses one
     for io in msg.inputs:
+        if len(io.shape) > request_bounds.MAX_DIMS:
+            raise request_bounds.too_many_dims(io.name, len(io.shape))
         if io.parameters:
+            parameters += len(io.parameters)
+            request_bounds.check_parameters(parameters)
             windows = windows or RequestWindows()
             window = _shm_window(io, shm, windows)
             if window is not None:
@@ -371,6 +390,8 @@ def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, raws: Op
         for o in msg.outputs:
             oparams = None
             if o.parameters:
+                parameters += len(o.parameters)
+                request_bounds.check_parameters(parameters)
                 windows = windows or RequestWindows()
                 window = _shm_window(o, shm, windows, output=True)
                 if window is not None:

@@ -8,7 +8,7 @@ many of the following bytes are its data, in input order.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import msgspec
 import numpy as np
@@ -17,44 +17,70 @@ from kernel.core import datatypes
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse, InferTensor, RequestedOutput
 from kernel.core.shared_memory import OutputWindow, RequestWindows, SharedMemoryManager
+from kernel.transports import request_bounds
+from kernel.transports.request_bounds import MAX_DIMS, MAX_TENSORS
 from kernel.transports.http import json_errors, parameters
 
-
-class InputJSON(msgspec.Struct):
-    name: str
-    shape: list[int]
-    datatype: str
-    parameters: Optional[dict[str, Any]] = None
-    data: Any = msgspec.UNSET
-
-
-class OutputJSON(msgspec.Struct):
-    name: str
-    parameters: Optional[dict[str, Any]] = None
+# What a parameter may hold, as tritonserver reads them: int, bool, string, and JSON numbers (as
+# doubles); null is let through to the checks that refuse it with tritonserver's words. Typed so
+# (large_json's decoders), msgspec stops at the first array or object instead of building it
+# (issue 31: 24 MiB of `[],...` in one parameter took 1.9 s of the front's interpreter lock); see
+# decode_header for what then. A header small enough to decode on the loop keeps them untyped:
+# its size bounds the work, and the checks after the decode are the same.
+Scalar = Union[None, bool, int, float, str]
+Parameters = dict[str, Scalar]
 
 
-class RequestJSON(msgspec.Struct):
-    inputs: list[InputJSON]
-    id: Optional[str] = None
-    parameters: Optional[dict[str, Any]] = None
-    outputs: Optional[list[OutputJSON]] = None
+def request_struct(data: Any, shape: Any, params: Any) -> type:
+    """The KServe v2 infer request JSON as msgspec Structs, with these types for each input's
+    `data` and `shape` and for every `parameters` (request, input and output)."""
+    given = Optional[params]
+    inp = msgspec.defstruct("InputJSON", [("name", str), ("shape", shape), ("datatype", str),
+                                          ("parameters", given, None), ("data", data, msgspec.UNSET)])
+    out = msgspec.defstruct("OutputJSON", [("name", str), ("parameters", given, None)])
+    return msgspec.defstruct("RequestJSON", [("inputs", list[inp]), ("id", Optional[str], None),
+                                             ("parameters", given, None), ("outputs", Optional[list[out]], None)])
 
 
-_request_decoder = msgspec.json.Decoder(RequestJSON)
+def request_decoders(data: Any, shape: Any) -> tuple[msgspec.json.Decoder, msgspec.json.Decoder]:
+    """For decode_header: the request's decoder, and its twin that keeps each parameter's JSON as it is."""
+    return (msgspec.json.Decoder(request_struct(data, shape, Parameters)),
+            msgspec.json.Decoder(request_struct(data, shape, dict[str, msgspec.Raw])))
+
+
+_decoders = (msgspec.json.Decoder(request_struct(Any, list[int], dict[str, Any])), None)
+_scalar = msgspec.json.Decoder(Scalar)
+_any = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+# A parameter that is not a scalar is kept as itself up to this size (for the messages that show
+# it), as an empty one of its kind beyond.
+_SHOWN_PARAMETER_BYTES = 64
 
 
 def _bad(message: str) -> KernelError:
     return KernelError(ErrorCode.INVALID_ARG, message)
 
 
-def decode_header(header, decoder: msgspec.json.Decoder = _request_decoder):
-    """The request's JSON header (a RequestJSON, or what `decoder` makes), refused with tritonserver's words."""
+def decode_header(header, decoders=_decoders, original=None):
+    """The request's JSON header (as request_struct), refused with tritonserver's words.
+
+    With typed parameters (request_decoders), a parameter that is an array or an object stops the
+    first decoder at once; the header is then
+    decoded again with every parameter's JSON kept as it is (msgspec.Raw: nothing built), each
+    scalar decoded and the others replaced by a stand-in (_parameter), so that the checks after
+    this refuse a request parameter or a reserved tensor parameter with tritonserver's words and
+    ignore any other tensor parameter, as tritonserver does. original(raw): the JSON text a raw
+    value stands for (large_json cuts arrays out of the header before it is decoded)."""
+    strict, lenient = decoders
     try:
-        return decoder.decode(header)
-    except msgspec.ValidationError as exc:
-        raise _bad(f"Unable to parse inference request: {exc}") from None
-    except msgspec.DecodeError as exc:
+        try:
+            return strict.decode(header)
+        except msgspec.ValidationError as exc:
+            request = None if lenient is None else _with_raw_parameters(header, lenient, original)
+            if request is None:
+                raise _bad(f"Unable to parse inference request: {exc}") from None
+            return request
+    except msgspec.DecodeError as exc:  # not JSON (seen by either decoder)
         # tritonserver's words and offset for a body that is not JSON (issue 13); 400, not its 500:
         # the mistake is the client's (issue 14).
         where = json_errors.describe(header)
@@ -65,6 +91,35 @@ def decode_header(header, decoder: msgspec.json.Decoder = _request_decoder):
         raise _bad(f"failed to parse the request JSON buffer: invalid UTF-8: {exc}") from None
     except RecursionError:
         raise _bad("failed to parse the request JSON buffer: the JSON is nested too deeply") from None
+
+
+def _with_raw_parameters(header, decoder, original):
+    try:
+        request = decoder.decode(header)
+    except msgspec.ValidationError:
+        return None  # wrong for another reason too: the first decoder's words
+    for holder in (request, *request.inputs, *(request.outputs or ())):
+        if holder.parameters:
+            holder.parameters = {key: _parameter(raw, original) for key, raw in holder.parameters.items()}
+    return request
+
+
+def _parameter(raw: msgspec.Raw, original=None):
+    try:
+        return _scalar.decode(raw)
+    except msgspec.ValidationError:
+        text = raw if original is None else original(raw)
+        if len(text) <= _SHOWN_PARAMETER_BYTES:
+            try:
+                return _any.decode(text)
+            except msgspec.DecodeError:
+                pass  # (a cut-out array not read yet: large_json refuses it as malformed)
+        return [] if memoryview(text)[0] == ord("[") else {}
+
+
+def check_counts(req) -> None:
+    """Refuse a request that names more inputs or outputs than request_bounds allows."""
+    request_bounds.check_tensors(len(req.inputs), len(req.outputs or ()))
 
 
 # What each datatype's JSON `data` may hold, and Triton's message when it holds something else.
@@ -82,8 +137,9 @@ JSON_KINDS = {
 UNSIGNED = frozenset(("UINT8", "UINT16", "UINT32", "UINT64"))
 
 
-def json_tensor(inp: InputJSON) -> InferTensor:
-    """An input given as JSON `data`, checked as tritonserver checks it."""
+def json_tensor(inp) -> InferTensor:
+    """An input (request_struct's) given as JSON `data`, checked as tritonserver checks it (an object
+    among the data is refused as the wrong type, as there, even where the count is wrong too)."""
     datatype = inp.datatype
     if datatype not in datatypes.DATATYPES:
         raise _bad(f"invalid datatype for input {inp.name}")  # tritonserver's words
@@ -92,24 +148,19 @@ def json_tensor(inp: InputJSON) -> InferTensor:
     data = inp.data
     if data is msgspec.UNSET:
         raise _bad(f"must specify the 'data' field for input '{inp.name}'")
-    count = datatypes.element_count(inp.shape)
-    flat = flatten(data)
-    if datatype == "BYTES":
-        if len(flat) != count:
-            raise _bad(
-                f"unexpected number of string elements {len(flat)} for inference input '{inp.name}', expecting {count}"
-            )
-        arr = np.empty(count, dtype=np.object_)
-        for i, item in enumerate(flat):
-            if isinstance(item, str):
-                arr[i] = item.encode("utf-8")
-            else:
-                raise _bad(f"expected string data for BYTES input '{inp.name}', got {type(item).__name__}")
-        return shaped(inp, arr)
     if datatype == "BF16":
         raise _bad(f"BF16 input '{inp.name}' must be sent as binary data")
+    count = datatypes.element_count(inp.shape)
+    flat = flatten(data)
     if len(flat) != count:
-        raise count_error(inp, len(flat), count)
+        raise object_error(inp) if dict in set(map(type, flat)) else count_error(inp, len(flat), count)
+    if datatype == "BYTES":
+        problem = not_strings(inp, flat)
+        if problem is not None:
+            raise problem
+        arr = np.empty(count, dtype=np.object_)
+        arr[:] = [item.encode("utf-8") for item in flat]
+        return shaped(inp, arr)
     allowed, message = JSON_KINDS[datatype]
     if not allowed.issuperset(map(type, flat)) or (datatype in UNSIGNED and flat and min(flat) < 0):
         raise _bad(message)
@@ -120,15 +171,31 @@ def json_tensor(inp: InputJSON) -> InferTensor:
     return shaped(inp, arr)
 
 
+def object_error(inp) -> KernelError:
+    """An object among an input's JSON data."""
+    if inp.datatype == "BYTES":
+        return _bad(f"expected string data for BYTES input '{inp.name}', got dict")
+    return _bad(JSON_KINDS[inp.datatype][1])
+
+
+def not_strings(inp, items: list) -> Optional[KernelError]:
+    """The refusal of a BYTES input's data for its first element that is not a string, if any."""
+    if set(map(type, items)) <= {str}:
+        return None
+    wrong = next(item for item in items if not isinstance(item, str))
+    return _bad(f"expected string data for BYTES input '{inp.name}', got {type(wrong).__name__}")
+
+
 def count_error(inp, got: int, count: int) -> KernelError:
-    return _bad(f"unexpected number of elements {got} for inference input '{inp.name}', expecting {count}")
+    kind = "string elements" if inp.datatype == "BYTES" else "elements"
+    return _bad(f"unexpected number of {kind} {got} for inference input '{inp.name}', expecting {count}")
 
 
 def conversion_error(inp, exc: Exception) -> KernelError:
     return _bad(f"unable to parse 'data' of input '{inp.name}' as {inp.datatype}: {exc}")
 
 
-def shaped(inp: InputJSON, flat: np.ndarray) -> InferTensor:
+def shaped(inp, flat: np.ndarray) -> InferTensor:
     """The tensor in its shape; a shape numpy cannot hold (over 64 dimensions) stays in wire form
     so that the model's own shape check refuses it with Triton's message."""
     try:
@@ -179,6 +246,17 @@ def split_body(body, header_length: Optional[int]):
     return mv[:header_length], mv[header_length:]
 
 
+def _taken(holder, key):
+    """holder[key] (or its attribute), left None there: raised from a frame that holds `holder`, an
+    error still held there would make a cycle (error, traceback, frame) that keeps the body alive."""
+    if isinstance(holder, list):
+        value, holder[key] = holder[key], None
+    else:
+        value = getattr(holder, key)
+        setattr(holder, key, None)
+    return value
+
+
 def has_json_data(inp) -> bool:
     """Whether an input's data is its JSON `data` (not binary data, not a shared-memory region)."""
     params = inp.parameters
@@ -203,12 +281,18 @@ def parse_infer_request(
         req = decode_header(header)
     else:
         if decoded.error is not None:
-            raise decoded.error
+            raise _taken(decoded, "error")
         req, binary, ready = decoded.request, decoded.binary, decoded.tensors
+    if len(req.inputs) > MAX_TENSORS or (req.outputs is not None and len(req.outputs) > MAX_TENSORS):
+        check_counts(req)
     tensors = []
     offset = 0
     windows: Optional[RequestWindows] = None  # client shared-memory windows, if any tensor uses one
     for index, inp in enumerate(req.inputs):
+        if ready is not None and isinstance(ready[index], KernelError):
+            raise _taken(ready, index)
+        if len(inp.shape) > MAX_DIMS:
+            raise request_bounds.too_many_dims(inp.name, len(inp.shape))
         size = None
         if inp.parameters:
             size = inp.parameters.get("binary_data_size")
@@ -220,10 +304,7 @@ def parse_infer_request(
             if ready is None:
                 tensors.append(json_tensor(inp))
                 continue
-            tensor = ready[index]
-            if isinstance(tensor, KernelError):
-                raise tensor
-            tensors.append(tensor)
+            tensors.append(ready[index])
             continue
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise _bad(f"invalid binary_data_size for input '{inp.name}'")
@@ -300,7 +381,7 @@ IN_SHARED_MEMORY = "shared_memory"
 
 
 def _shm_input(
-    inp: InputJSON, binary_size, shm: Optional[SharedMemoryManager], windows: RequestWindows
+    inp, binary_size, shm: Optional[SharedMemoryManager], windows: RequestWindows
 ) -> InferTensor:
     if inp.data is not msgspec.UNSET or binary_size is not None:
         given = " 'data'" if inp.data is not msgspec.UNSET else ""
