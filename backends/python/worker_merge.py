@@ -17,6 +17,11 @@ exactly one of them, so that the fronts' statistics, summed, count the call once
 Only while the worker has links besides the primary: a single front never has two Executes of a
 dynamically batched model waiting (its batcher sends the next batch once the last one ran), and
 nothing changes for it.
+
+A model with a queue delay (max_queue_delay_microseconds) waits a moment for the others when an
+Execute reaches it idle and not full: each front held its requests for the delay, so fronts whose
+requests came together send them within a timer tick of each other, and one queue would have
+batched them. The moment is the delay's, at most WINDOW_S: what a lone batch pays on top.
 """
 
 from __future__ import annotations
@@ -27,10 +32,20 @@ from kernel.backends.python import messages
 from kernel.backends.python.execution_record import Batch, LinkedBatch, execution_record
 
 
+# The longest an idle worker waits for other fronts' batches (see the module docstring): two ticks of
+# uvloop's millisecond timers, where the fronts' delay timers fire.
+WINDOW_S = 0.002
+
+
 class Merger:
-    def __init__(self, worker, max_batch_size: int, variable: frozenset, optional: frozenset):
+    def __init__(self, worker, max_batch_size: int, variable: frozenset, optional: frozenset,
+                 delay_s: float = 0.0, preferred: int = 0):
         self.worker = worker
         self.max_batch_size = max_batch_size
+        self.window_s = min(delay_s, WINDOW_S)  # 0: run at once
+        self.full_size = min(preferred or max_batch_size, max_batch_size)  # no waiting once this is there
+        self._hold = None  # the timer of a wait for other fronts' batches
+        self._waited = False  # the oldest waiting Execute has had its wait
         self._variable = variable  # inputs whose non-batch dims vary (not ragged): their shapes must match
         self._optional = optional  # optional inputs: the same ones present
         self.waiting: deque = deque()  # (Batch, signature, batch size)
@@ -51,7 +66,10 @@ class Merger:
                 optional.add(name)
             if any(int(d) == -1 for d in spec.get("dims", [])) and not spec.get("allow_ragged_batch"):
                 variable.add(name)
-        return cls(worker, max_batch_size, frozenset(variable), frozenset(optional))
+        db = config.get("dynamic_batching") or {}
+        delay_s = int(db.get("max_queue_delay_microseconds", 0) or 0) / 1e6
+        preferred = max((int(p) for p in db.get("preferred_batch_size", []) or []), default=0)
+        return cls(worker, max_batch_size, frozenset(variable), frozenset(optional), delay_s, preferred)
 
     def signature(self, r: messages.Request) -> tuple:
         parts = []
@@ -90,6 +108,14 @@ class Merger:
         self._scheduled = False
         if self.running or not self.waiting:
             return
+        if self.window_s and not self._waited and self._fits() < self.full_size:
+            if self._hold is None:  # idle and not full: a moment for the other fronts' batches
+                self._hold = self.worker.loop.call_later(self.window_s, self._waited_enough)
+            return
+        if self._hold is not None:
+            self._hold.cancel()
+            self._hold = None
+        self._waited = False
         batch, signature, size = self.waiting.popleft()
         group = [batch]
         kept = deque()
@@ -110,6 +136,20 @@ class Merger:
             worker.loop.call_soon(worker._execute_sync, batch.requests, batch)
         else:
             worker._execute_sync(batch.requests, batch)
+
+
+    def _waited_enough(self) -> None:
+        self._hold = None
+        self._waited = True
+        self._run()
+
+    def _fits(self) -> int:
+        """The batch size the oldest waiting Execute would run with now."""
+        signature, size = self.waiting[0][1], 0
+        for _, sig, n in self.waiting:
+            if sig == signature and size + n <= self.max_batch_size:
+                size += n
+        return size
 
 
 def merge(parts: list[Batch]) -> Batch:

@@ -62,6 +62,7 @@ class HeldBytes:
             raise ValueError(f"the stall timeout for {what} must be positive, got {stall_timeout_s}")
         self.what = what  # "answers waiting for slow clients", "request bytes from slow clients"
         self.limit = limit
+        self.server_limit = 0  # set by share(): the whole server's bound this process holds a part of
         self.stall_timeout_s = stall_timeout_s
         self._clock = clock
         self._sweep_s = sweep_s
@@ -109,8 +110,18 @@ class HeldBytes:
         """Bytes held by the watched holders, as of the last look (sweep or watch)."""
         return self._total
 
+    def share(self, parts: int) -> None:
+        """This process holds one of `parts` equal shares of the bound (several front processes:
+        the flag states the whole server's bound)."""
+        if parts > 1:
+            self.server_limit = self.limit
+            self.limit = max(1, self.limit // parts)
+
     def refusal(self) -> str:
         """The message for work refused while over the limit."""
+        if self.server_limit:
+            return (f"this front process holds {self._total} bytes of {self.what}, over its share ({self.limit} "
+                    f"bytes) of the server's limit of {self.server_limit} bytes; try again when they are delivered")
         return (f"the server holds {self._total} bytes of {self.what}, over its limit of {self.limit} "
                 "bytes; try again when they are delivered")
 

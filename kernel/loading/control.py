@@ -540,6 +540,7 @@ class ModelControl:
                     entry.reason = UNLOADED
             if folder is not None:
                 await asyncio.to_thread(remove_override_folder, folder)
+        await self._changed()  # the versions' final state (unloaded): every front of several reads it too
 
     def _with_dependent_ensembles(self, names: list[str]) -> list[str]:
         """`names` and every loaded ensemble that uses one of them, directly or not."""

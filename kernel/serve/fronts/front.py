@@ -69,10 +69,10 @@ class Front:
         args = self.args
         args.allow_metrics = False  # the supervisor's port: it totals every front's numbers
         args.allow_remote_binding = False
-        # The bounds on what clients may make the server hold are the whole server's: each front its share.
-        args.max_held_output_bytes = max(1, args.max_held_output_bytes // self.own.fronts)
-        args.max_held_input_bytes = max(1, args.max_held_input_bytes // self.own.fronts)
         server = cli.build_server(args)
+        # The bounds on what clients may make the server hold are the whole server's: each front its share.
+        server.held_output.share(self.own.fronts)
+        server.held_input.share(self.own.fronts)
         server.control = ForwardedControl(self.channel)
         server.peers = FrontPeers(self.channel)
         # Trace files are the supervisor's: one file, every front's traces in it, ids kept apart.
