@@ -88,9 +88,7 @@ class ModelControl:
         self._background: set[asyncio.Task] = set()
         self._poll_task: Optional[asyncio.Task] = None
         self._stopping: Optional[asyncio.Event] = None
-        # Awaited after every change to what is served (a load, unload or poll, finished or failed):
-        # a supervisor of several front processes tells every front (kernel.serve.fronts.hub).
-        self.after_change = None
+        self.after_change = None  # awaited after any change to what is served: fronts learn it (fronts/hub.py)
 
     # ---- start-up, polling, shutdown ---------------------------------------------
 
