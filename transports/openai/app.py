@@ -31,7 +31,8 @@ from kernel.core.errors import KernelError
 from kernel.core.scheduling import in_flight_count
 from kernel.transports.asgi import lifespan
 from kernel.transports.http.body import read_body
-from kernel.transports.openai import chat_template, embeddings, schema, tracing
+from kernel.transports.openai import chat_template, embeddings, features, schema, tracing
+from kernel.transports.openai.forms import ChatForm, CompletionForm
 from kernel.transports.openai.convention import text_model
 from kernel.transports.openai.errors import (
     SERVER_ERROR, ApiError, bad_request, error_body, from_kernel, model_not_found, send_error, too_many_requests,
@@ -78,6 +79,8 @@ class OpenAIApp:
         self._limits: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         # Chat templates render in processes of their own, started on the first template (template_pool.py).
         self.templates = TemplatePool(max_input_size)
+        # Token counts and latencies on the metrics port (metrics.OpenAIMetrics), when the server has it.
+        self.metrics = None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -241,32 +244,52 @@ class OpenAIApp:
     async def _submitted(self, chat: bool, request, fields: dict, size: int, scope, trace) -> Generation:
         """The call's choices, submitted; ApiError when the request or the model refuses. `size`:
         the body's; `trace`: the call's tracing.CallTrace when it was sampled."""
+        features.platform_fields(request)
         if chat:
             schema.check_chat(request)
+            asks = features.chat_asks(request)
         else:
             prompts = schema.check_completion(request)
+            asks = features.completion_asks(request)
         model = self.resolve(request.model)
         tm = text_model(model)
-        n = request.n or 1
-        if chat:
-            template = await chat_template.template_for(model)
-            messages = chat_template.messages_for_template(request.messages)
-            if template.text is None:
-                prompts = [await self.off_loop(size, chat_template.plain_prompt, messages)]
-            else:
-                prompts = [await self.templates.render(template, messages, size)]
-            del messages
-        schema.choices_limit(len(prompts), n)
-        self.admit(model, len(prompts) * n)
+        features.check(tm, asks)
         stream = bool(request.stream)
         options = request.stream_options
-        generation = Generation(self.server, request.model, tm, chat, prompts, n, schema.max_tokens(request),
-                                stream and options is not None and options.include_usage,
-                                bool(getattr(request, "echo", False)), self.max_json_output_size)
+        include_usage = stream and options is not None and options.include_usage
+        if chat:
+            prompt = await self.chat_prompt(model, request.messages, size, features.tools_of(request),
+                                            request.add_generation_prompt, request.chat_template_kwargs)
+            prompts = [prompt]
+            form = ChatForm(request.model, include_usage, bool(request.functions))
+        else:
+            form = CompletionForm(request.model, include_usage)
+        return await self.generate(model, tm, form, prompts, request, schema.sampling_parameters(
+            fields, request, features.delivered(request, fields, tm)), size, scope, trace, stream,
+            bool(getattr(request, "echo", False)), "logprobs" in asks)
+
+    async def chat_prompt(self, model, messages, size: int, tools, add_generation_prompt, kwargs) -> str:
+        """The prompt the model's chat template (or the plain one) makes of a call's messages."""
+        template = await chat_template.template_for(model)
+        entries = chat_template.messages_for_template(messages)
+        generation_prompt = add_generation_prompt is not False
+        if template.text is None:
+            return await self.off_loop(size, chat_template.plain_prompt, entries, generation_prompt)
+        return await self.templates.render(template, entries, size, tools, generation_prompt, kwargs)
+
+    async def generate(self, model, tm, form, prompts: list, request, sampling: dict, size: int, scope, trace,
+                       stream: bool, echo: bool = False, logprobs: bool = False) -> Generation:
+        """Submit the choices of a call whose prompts are made (`request`: its n, seed, max tokens)."""
+        n = getattr(request, "n", None) or 1
+        schema.choices_limit(len(prompts), n)
+        self.admit(model, len(prompts) * n)
+        generation = Generation(self.server, request.model, tm, form, prompts, n, schema.max_tokens(request), echo,
+                                self.max_json_output_size, logprobs)
         generation.transport = scope.get("kernel.transport")
         generation.trace = trace
-        await self.off_loop(size, generation.prepare, schema.sampling_parameters(fields, request), request.seed,
-                            self.max_input_size)
+        if self.metrics is not None:
+            generation.watch = self.metrics.watch(model, generation)
+        await self.off_loop(size, generation.prepare, sampling, getattr(request, "seed", None), self.max_input_size)
         await generation.submit(stream)
         return generation
 

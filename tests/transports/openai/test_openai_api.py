@@ -275,10 +275,14 @@ def test_bound_generator_answers_chat_completions(tmp_path):
             # The generator's words, then the end of its stream: an empty delta with the finish reason.
             assert [c.choices[0].delta.content for c in chunks] == [" assistant:0", " assistant:1", " assistant:2",
                                                                     " assistant:3", None]
-            assert [c.choices[0].finish_reason for c in chunks] == [None] * 4 + ["stop"]
+            # No token counts: its 4 pieces of text reached max_tokens, so "length" (was "stop", issue 33).
+            assert [c.choices[0].finish_reason for c in chunks] == [None] * 4 + ["length"]
             answer = client.chat.completions.create(model="words", messages=HI)
             assert answer.choices[0].message.content == " assistant:0 assistant:1 assistant:2"
             assert answer.usage is None  # the callable reports no token counts
+            assert answer.choices[0].finish_reason == "stop"  # 3 pieces, no max_tokens
+            answer = client.chat.completions.create(model="words", messages=HI, max_tokens=5)
+            assert answer.choices[0].finish_reason == "length"
         triton.bind("split", split_character, [Tensor(name="text_input", dtype=bytes, shape=(1,))],
                     [Tensor(name="text_output", dtype=bytes, shape=(1,))],
                     config=ModelConfig(batching=False, decoupled=True))

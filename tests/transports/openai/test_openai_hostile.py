@@ -60,7 +60,7 @@ def still_serves(server) -> None:
     ({"model": "tiny_lm", "messages": HI, "seed": 2 ** 70}, "seed", "64-bit"),
     ({"model": "tiny_lm", "messages": HI, "stream": "yes"}, "stream", "Expected `bool"),
     ({"model": "tiny_lm", "messages": HI, "stream_options": []}, "stream_options", "Expected `object"),
-    ({"model": "tiny_lm", "messages": HI, "tools": [{"type": "function"}]}, "tools", "tool calling"),
+    ({"model": "tiny_lm", "messages": HI, "tools": [{"type": "function"}]}, "tools", "`function`"),
     ({"model": "tiny_lm", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", "image_url"),
 ])
 def test_malformed_requests_are_400_naming_the_problem(server, body, param, words):
