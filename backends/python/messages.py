@@ -173,6 +173,7 @@ class Execution(msgspec.Struct, array_like=True):
     ok_queue_ns: list[int] = []  # per successful request: arrival -> start
     fail_ns: list[int] = []  # per failed request: arrival -> end
     trace_key: int = 0  # the Execute message's trace_key
+    cancelled_ns: list[int] = []  # per request its client cancelled before it ended: arrival -> end
 
 
 class Responses(msgspec.Struct, tag="responses", array_like=True):

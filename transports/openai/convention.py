@@ -336,6 +336,19 @@ _text: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _embedding: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+def serves_openai(model) -> bool:
+    """Whether the OpenAI routes can call the model: it follows the text or the embedding convention."""
+    found = _text.get(model)
+    if found is None:
+        found = _text[model] = TextModel(model)
+    if not found.problem:
+        return True
+    found = _embedding.get(model)
+    if found is None:
+        found = _embedding[model] = EmbeddingModel(model)
+    return not found.problem
+
+
 def text_model(model) -> TextModel:
     found = _text.get(model)
     if found is None:

@@ -191,7 +191,7 @@ class Generation:
         if self.echo_here and not self.announced[index]:
             text = self.prompts[index // self.n] + text
         if self.watch is not None:
-            self.watch.response(index, choice, final)
+            self.watch.response(index, choice, bool(text) or bool(choice.calls), final)
         if text or final or choice.calls:
             self.committed = True
             if self.stream:

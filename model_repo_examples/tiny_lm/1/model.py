@@ -25,6 +25,10 @@ fields in `sampling_parameters`), deterministically, so each can be seen end to 
   fits the schema. The JSON is streamed a piece (a token) at a time and cut at max_tokens.
 * `logprobs` (chat: true with `top_logprobs`; completions: a count): each token's log
   probability under the table, and the most likely alternatives, in its `logprobs` output.
+
+And it is its own tokenizer (`tokenizer_model` names it; Kernel's /tokenize and /detokenize): a
+request with the input `text` answers its words' ids in `token_ids` (a word's place in the table
+plus one, 0 for a word it does not know), one with `token_ids` answers their `text`.
 """
 
 import asyncio
@@ -73,6 +77,9 @@ class TritonPythonModel:
 
     async def _generate(self, request):
         sender = request.get_response_sender()
+        if pb_utils.get_input_tensor_by_name(request, "text_input") is None:
+            self._tokenizer(request, sender)
+            return
         try:
             job = self._job(request)
         except (ValueError, TypeError) as exc:
@@ -149,6 +156,19 @@ class TritonPythonModel:
         cdf = probs.cumsum()
         cdf /= cdf[-1]
         return int(cdf.searchsorted(rng.random(), side="right"))
+
+    def _tokenizer(self, request, sender):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        ids = pb_utils.get_input_tensor_by_name(request, "token_ids")
+        if ids is not None:
+            words = [VOCAB[i - 1] if 0 < i <= len(VOCAB) else "<unk>" for i in ids.as_numpy().reshape(-1).tolist()]
+            out = pb_utils.Tensor("text", np.array([" ".join(words).encode()], dtype=np.object_))
+        else:
+            text = _scalar(request, "text", b"")
+            text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+            ids = [self.index[w] + 1 if w in self.index else 0 for w in text.split()]
+            out = pb_utils.Tensor("token_ids", np.array(ids, dtype=np.int64))
+        sender.send(pb_utils.InferenceResponse(output_tensors=[out]), flags=final)
 
     def _logprob(self, previous, word, top):
         """The chosen word's log probability under the table (temperature 1), and the `top` likeliest."""
