@@ -196,7 +196,7 @@ def delivered(request, fields: dict, tm) -> dict:
             if raw is not None and bytes(raw) != b"null":
                 out[name] = raw
         if getattr(request, "functions", None):
-            out["tools"] = msgspec.json.encode(tools_of(request))
+            out["tools"] = tools_of(request)
             call = request.function_call
             if call is not None:
                 out["tool_choice"] = call if isinstance(call, str) else {"type": "function",

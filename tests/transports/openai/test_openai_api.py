@@ -39,7 +39,11 @@ HI = [{"role": "user", "content": "tell me about the river"}]
 
 def test_models_are_listed_and_retrieved(client):
     ids = [m.id for m in client.models.list()]
-    assert {"tiny_lm", "inspect_lm", "embed", "add_sub"} <= set(ids)
+    assert {"tiny_lm", "inspect_lm", "embed"} <= set(ids)
+    # Only models these routes can call (issue 33: add_sub was listed and could not chat).
+    assert "add_sub" not in ids and "string_identity" not in ids
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("add_sub")
     model = client.models.retrieve("tiny_lm")
     assert (model.id, model.object, model.owned_by) == ("tiny_lm", "model", "kernel")
     assert isinstance(model.created, int)
