@@ -61,7 +61,7 @@ def test_a_fresh_clone_make_serve_renders_chat_templates(tmp_path):
         while time.monotonic() < deadline:
             assert make.poll() is None, (tmp_path / "make-serve.log").read_text()[-3000:]
             try:
-                if request(openai_port, "GET", "/health", timeout=2)[0] == 200:
+                if request(http, "GET", "/v2/health/ready", timeout=2)[0] == 200:
                     break
             except OSError:
                 pass
