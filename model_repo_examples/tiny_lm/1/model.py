@@ -86,12 +86,11 @@ class TritonPythonModel:
             error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
             sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        rng = np.random.default_rng(job["seed"])
-        # Tool calls and JSON answers are the same for the same prompt, with or without a seed.
-        structured = self._structured(job, np.random.default_rng(job["seed"] or zlib.crc32(job["prompt"].encode())))
+        structured = self._structured(job) if job["tools"] or job["response_format"] else None
         if structured is not None:
             await self._send_pieces(request, sender, job, *structured)
             return
+        rng = np.random.default_rng(job["seed"])
         words = job["prompt"].split()
         previous = self.index.get(words[-1], zlib.crc32(words[-1].encode()) % len(WORDS)) if words else PERIOD
         counts = np.zeros(len(VOCAB))
@@ -183,8 +182,10 @@ class TritonPythonModel:
 
     # ---- tool calls and JSON answers ---------------------------------------------------------
 
-    def _structured(self, job, rng):
-        """(pieces, reason, tool calls) of an answer that is a tool call or JSON, or None (words)."""
+    def _structured(self, job):
+        """(pieces, reason, tool calls) of an answer that is a tool call or JSON, or None (words).
+        The same for the same prompt, with or without a seed."""
+        rng = np.random.default_rng(job["seed"] or zlib.crc32(job["prompt"].encode()))
         tools, choice = job["tools"], job["tool_choice"]
         if tools and choice != "none":
             name = None
