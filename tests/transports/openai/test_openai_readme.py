@@ -40,6 +40,20 @@ def test_the_readme_first_chat_snippet_streams_from_tiny_lm():
     assert len(run.stdout.split()) >= 5, run.stdout
 
 
+def test_the_readme_tools_example_calls_a_tool():
+    readme = (ROOT / "README.md").read_text()
+    snippet = re.search(r"<!-- tools-example:[^\n]*-->\n```python\n(.*?)```", readme, re.S).group(1)
+    k = OpenAIServer([EXAMPLES])
+    try:
+        k.wait_ready()
+        code = snippet.replace("localhost:9000", f"localhost:{k.openai_port}")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    finally:
+        k.stop()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["tool_calls", "get_weather"]
+
+
 def test_a_fresh_clone_make_serve_renders_chat_templates(tmp_path):
     """Chat templates answered 500 under `make serve` (issue 33): it installed the runtime without
     jinja2. A clone of the committed tree, `make serve` as a newcomer runs it (its own .venv, its own
