@@ -15,7 +15,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, running
 from openai_helpers import OPENAI_MODELS, OpenAIServer, assert_error_shape, request, tiny_lm
 
 HI = [{"role": "user", "content": "what is the weather in Paris"}]
@@ -60,11 +60,7 @@ def repo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(repo):
-    k = OpenAIServer([repo])
-    try:
-        yield k.wait_ready()
-    finally:
-        k.stop()
+    yield from running(OpenAIServer([repo]))
 
 
 @pytest.fixture

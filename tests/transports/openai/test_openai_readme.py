@@ -25,31 +25,29 @@ def test_make_serve_turns_the_openai_api_on():
     assert "--openai-port 9000" not in given and "--openai-port=9100" in given
 
 
-def test_the_readme_first_chat_snippet_streams_from_tiny_lm():
+def _run_snippet(marker: str) -> subprocess.CompletedProcess:
+    """The README's python block after `<!-- marker: ... -->`, run against the bundled repository
+    (only its port changed to a free one)."""
     readme = (ROOT / "README.md").read_text()
-    snippet = re.search(r"<!-- first-chat:[^\n]*-->\n```python\n(.*?)```", readme, re.S).group(1)
-    assert "localhost:9000" in snippet and "stream=True" in snippet
+    snippet = re.search(r"<!-- " + marker + r":[^\n]*-->\n```python\n(.*?)```", readme, re.S).group(1)
+    assert "localhost:9000" in snippet
     k = OpenAIServer([EXAMPLES])
     try:
         k.wait_ready()
         code = snippet.replace("localhost:9000", f"localhost:{k.openai_port}")
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     finally:
         k.stop()
+
+
+def test_the_readme_first_chat_snippet_streams_from_tiny_lm():
+    run = _run_snippet("first-chat")
     assert run.returncode == 0, run.stderr
     assert len(run.stdout.split()) >= 5, run.stdout
 
 
 def test_the_readme_tools_example_calls_a_tool():
-    readme = (ROOT / "README.md").read_text()
-    snippet = re.search(r"<!-- tools-example:[^\n]*-->\n```python\n(.*?)```", readme, re.S).group(1)
-    k = OpenAIServer([EXAMPLES])
-    try:
-        k.wait_ready()
-        code = snippet.replace("localhost:9000", f"localhost:{k.openai_port}")
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    finally:
-        k.stop()
+    run = _run_snippet("tools-example")
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["tool_calls", "get_weather"]
 
