@@ -74,7 +74,9 @@ def test_langchain_with_structured_output(llm, method):
     assert isinstance(result, Weather) and result.city and isinstance(result.days, int)
 
 
-def test_litellm_tool_calling(server):
+def test_litellm_tool_calling(server, monkeypatch):
+    # litellm fetches its model price list from the internet at import unless told to use its own copy.
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": Weather.model_json_schema()}}]
