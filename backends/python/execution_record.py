@@ -60,7 +60,7 @@ def execution_record(batch: Batch, result, exc, decoupled: bool) -> messages.Exe
             return messages.Execution(bs, start, exec_start, exec_end, end, 0, [], [], [], batch.trace_key)
         if ok is CANCELLED:
             return messages.Execution(bs, start, exec_start, exec_end, end, 0, [], [], [], batch.trace_key,
-                                      [end - arrival])
+                                      cancelled_ns=[end - arrival])
         if ok:
             return messages.Execution(bs, start, exec_start, exec_end, end, bs, [end - arrival],
                                       [max(0, start - arrival)], [], batch.trace_key)
@@ -85,7 +85,7 @@ def execution_record(batch: Batch, result, exc, decoupled: bool) -> messages.Exe
             failed.append(end - arrival)
     return messages.Execution(
         total, start, exec_start, exec_end, end, inference_count, ok_request, ok_queue, failed, batch.trace_key,
-        cancelled)
+        cancelled_ns=cancelled)
 
 
 # The outcome of a request its client cancelled before it ended (counted as failure reason CANCELED,
