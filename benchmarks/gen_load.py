@@ -8,7 +8,13 @@ next request as soon as its previous answer ended):
 * ``generate_stream``: ``POST /v2/models/<m>/generate_stream`` (Triton's generate extension, real
   Triton and Kernel); a token is an SSE event whose ``text_output`` is not empty;
 * ``grpc``: ``ModelStreamInfer`` through ``tritonclient.grpc.aio`` (one bidirectional stream per slot,
-  ``enable_empty_final_response`` so the end of each answer is known whatever the model sends last).
+  ``enable_empty_final_response`` so the end of each answer is known whatever the model sends last);
+* ``openai_tools``: the ``openai`` chat with a ``tools`` list (one function); a model that calls it
+  answers one chunk with the whole call (a token: an event with ``delta.tool_calls``);
+* ``openai_json``: the ``openai`` chat with ``response_format: json_object`` (tiny_lm streams a short
+  JSON object a piece at a time). These two answer fewer than ``max_tokens`` tokens by nature: their
+  answers are not checked for length, and their rows compare time to first token and requests/s
+  with the plain chat's.
 
 Why a client of our own: perf_analyzer has no time to first token for SSE, and a general HTTP
 client costs more CPU per event than the servers do on this 2-core box. This one keeps one HTTP/1.1
@@ -96,10 +102,14 @@ class Window:
 # ---- HTTP/1.1 + SSE ---------------------------------------------------------------------------
 
 
-def _openai_body(model: str, max_tokens: int) -> bytes:
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "the weather of a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}
+
+
+def _openai_body(model: str, max_tokens: int, **extra) -> bytes:
     return json.dumps({
         "model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0,
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": PROMPT}], **extra,
     }).encode()
 
 
@@ -118,7 +128,8 @@ def _openai_tokens(event: bytes) -> int:
     if "error" in doc:
         raise RuntimeError(f"error event: {doc['error']}")
     choices = doc.get("choices") or ()
-    return 1 if choices and (choices[0].get("delta") or {}).get("content") else 0
+    delta = (choices[0].get("delta") or {}) if choices else {}
+    return 1 if delta.get("content") or delta.get("tool_calls") else 0
 
 
 def _generate_tokens(event: bytes) -> int:
@@ -207,7 +218,7 @@ async def _http_slot(host: str, port: int, path: str, body: bytes, count, window
                         break
                     feed(data)
                 close = True
-            if rec.tokens != expect:
+            if rec.tokens != expect and (expect or not rec.tokens):
                 rec.error = f"short answer: {rec.tokens} tokens"
             if close:
                 writer.close()
@@ -299,11 +310,17 @@ async def measure(kind: str, host: str, port: int, model: str, concurrency: int,
     else:
         if kind == "openai":
             path, body, count = "/v1/chat/completions", _openai_body(model, max_tokens), _openai_tokens
+        elif kind == "openai_tools":
+            path, body, count = "/v1/chat/completions", _openai_body(model, max_tokens, tools=[TOOL]), _openai_tokens
+        elif kind == "openai_json":
+            path, body, count = ("/v1/chat/completions",
+                                 _openai_body(model, max_tokens, response_format={"type": "json_object"}), _openai_tokens)
         elif kind == "generate_stream":
             path, body, count = f"/v2/models/{model}/generate_stream", _generate_body(model, max_tokens), _generate_tokens
         else:
             raise ValueError(kind)
-        coros = [_http_slot(host, port, path, body, count, window, s, max_tokens) for s in slots]
+        expect = max_tokens if kind in ("openai", "generate_stream") else 0  # 0: any length
+        coros = [_http_slot(host, port, path, body, count, window, s, expect) for s in slots]
     tasks = [asyncio.ensure_future(c) for c in coros]
     await asyncio.sleep(warmup)
     window.start = time.perf_counter()
@@ -332,7 +349,7 @@ async def measure(kind: str, host: str, port: int, model: str, concurrency: int,
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kind", choices=["openai", "generate_stream", "grpc"], required=True)
+    p.add_argument("--kind", choices=["openai", "openai_tools", "openai_json", "generate_stream", "grpc"], required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default="tiny_lm")

@@ -6,7 +6,9 @@ one word), the same `model.py` under every server:
 
 * Kernel: its OpenAI-compatible route (`/v1/chat/completions`, `stream: true`), Triton's
   `generate_stream` (HTTP, server-sent events) and the gRPC stream (`ModelStreamInfer`), one
-  `kernel serve` for all three;
+  `kernel serve` for all three; and the OpenAI route asked for a tool call (`tools`) and for JSON
+  (`response_format: json_object`), whose answers are short by nature (one call; a small JSON
+  object): their rows compare time to first token and requests/s with the plain chat's;
 * real Triton 2.51 (benchmarks/peers.py): `generate_stream` and the gRPC stream;
 * LitServe with `OpenAISpec` (benchmarks/litserve_tiny_lm.py runs the same model.py in an async
   `LitAPI`; litserve lives in its own venv, benchmarks/.genbench/litserve, installed on first use).
@@ -66,6 +68,8 @@ MAX_TOKENS = 128
 # (server, route, label): the rows of the table, in order.
 ROWS = [
     ("kernel", "openai", "Kernel OpenAI route"),
+    ("kernel", "openai_tools", "Kernel OpenAI, tool calling"),
+    ("kernel", "openai_json", "Kernel OpenAI, JSON mode"),
     ("kernel", "generate_stream", "Kernel generate_stream"),
     ("kernel", "grpc", "Kernel gRPC stream"),
     ("triton", "generate_stream", "Triton 2.51 generate_stream"),
@@ -187,7 +191,7 @@ def _first_answer(port: int, timeout: float = 60.0) -> None:
 def route_port(server: str, route: str) -> int:
     p = PORTS[server]
     if server == "kernel":
-        return {"openai": p[3], "generate_stream": p[0], "grpc": p[1]}[route]
+        return {"openai": p[3], "openai_tools": p[3], "openai_json": p[3], "generate_stream": p[0], "grpc": p[1]}[route]
     if server == "triton":
         return {"generate_stream": p[0], "grpc": p[1]}[route]
     return p[0]
@@ -212,6 +216,8 @@ def measure(srv: Running, server: str, route: str, c: int, duration: float, warm
     # Tokens over the client's whole run (warm-up and the tail included), for CPU per token.
     point.update(r)
     point.pop("extra", None)
+    if r.get("duration_s"):
+        point["requests_per_s"] = round(r["requests"] / r["duration_s"], 1)
     tokens_all = r.get("tokens_all") or 0
     if tokens_all:
         point["server_cpu_ms_per_1k_tokens"] = round((cpu1 - cpu0) * 1e6 / tokens_all, 1)
@@ -240,7 +246,8 @@ def summarize(points: list[dict], rounds: int) -> dict:
             if not ps:
                 continue
             cell = {"label": label, "rounds": len(ps)}
-            for key in ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "server_cpu_ms_per_1k_tokens"):
+            for key in ("tokens_per_s", "requests_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+                        "server_cpu_ms_per_1k_tokens"):
                 vals = [p.get(key) for p in ps if p.get(key) is not None]
                 if vals:
                     cell[key] = {"median": _med(vals), "min": min(vals), "max": max(vals)}
@@ -287,8 +294,8 @@ def write_markdown(summary: dict, meta: dict, path: Path) -> None:
         f"{loads['min']}–{loads['max']} on 2 cores shared with other work: absolute numbers are this box's, "
         "compare ratios. Cells: median over rounds (min–max).",
         "",
-        "| server / route | c | tokens/s | TTFT p50 ms | TTFT p99 ms | between tokens p50 ms | server CPU ms / 1k tokens |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| server / route | c | tokens/s | requests/s | TTFT p50 ms | TTFT p99 ms | between tokens p50 ms | server CPU ms / 1k tokens |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for server, route, label in ROWS:
         for c in CONCURRENCY:
@@ -296,7 +303,8 @@ def write_markdown(summary: dict, meta: dict, path: Path) -> None:
             if cell is None:
                 continue
             err = f" ({cell['errors']} errors)" if cell["errors"] else ""
-            lines.append(f"| {label}{err} | {c} | {_fmt(cell, 'tokens_per_s')} | {_fmt(cell, 'ttft_p50_ms', 1)} | "
+            lines.append(f"| {label}{err} | {c} | {_fmt(cell, 'tokens_per_s')} | {_fmt(cell, 'requests_per_s', 1)} | "
+                         f"{_fmt(cell, 'ttft_p50_ms', 1)} | "
                          f"{_fmt(cell, 'ttft_p99_ms', 1)} | {_fmt(cell, 'itl_p50_ms', 2)} | "
                          f"{_fmt(cell, 'server_cpu_ms_per_1k_tokens')} |")
     lines += ["", "## Targets (per-round ratios)", "", "| target | median ratio | per round | met |", "| --- | ---: | --- | --- |"]

@@ -72,12 +72,16 @@ def execution_record(batch: Batch, result, exc, decoupled: bool) -> messages.Exe
         ok = outcomes(batch, result, exc, decoupled)[0]
         if not arrival or ok is None:
             return messages.Execution(bs, start, exec_start, exec_end, end, 0, [], [], [], batch.trace_key)
+        if ok is CANCELLED:
+            return messages.Execution(bs, start, exec_start, exec_end, end, 0, [], [], [], batch.trace_key,
+                                      cancelled_ns=[end - arrival])
         if ok:
             return messages.Execution(bs, start, exec_start, exec_end, end, bs, [end - arrival],
                                       [max(0, start - arrival)], [], batch.trace_key)
         return messages.Execution(bs, start, exec_start, exec_end, end, 0, [], [], [end - arrival], batch.trace_key)
     ok_request: list[int] = []
     ok_queue: list[int] = []
+    cancelled: list[int] = []
     failed = [end - a for a in batch.failed_early]
     inference_count = 0
     total = 0
@@ -85,24 +89,39 @@ def execution_record(batch: Batch, result, exc, decoupled: bool) -> messages.Exe
         total += bs
         if not arrival or outcome is None:
             continue
-        if outcome:
+        if outcome is CANCELLED:
+            cancelled.append(end - arrival)
+        elif outcome:
             ok_request.append(end - arrival)
             ok_queue.append(max(0, start - arrival))
             inference_count += bs
         else:
             failed.append(end - arrival)
     return messages.Execution(
-        total, start, exec_start, exec_end, end, inference_count, ok_request, ok_queue, failed, batch.trace_key)
+        total, start, exec_start, exec_end, end, inference_count, ok_request, ok_queue, failed, batch.trace_key,
+        cancelled_ns=cancelled)
+
+
+# The outcome of a request its client cancelled before it ended (counted as failure reason CANCELED,
+# as the core counts a request cancelled while it holds it).
+CANCELLED = "cancelled"
+
+
+def _cancelled(request) -> bool:
+    sink = getattr(request._response_sender, "_callback", None)
+    return bool(getattr(sink, "cancelled", False))
 
 
 def outcomes(batch: Batch, result, exc, decoupled: bool) -> list:
-    """Per request handed to execute: True succeeded, False failed, None neither (rescheduled)."""
+    """Per request handed to execute: True succeeded, False failed, CANCELLED cancelled by its
+    client while it ran (decoupled models, whose execute answers through the response sender),
+    None neither (rescheduled)."""
     n = len(batch.meta)
     if exc is not None:
         return [False] * n
     if result is None:
-        return [None if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE else True
-                for r in batch.requests]
+        return [None if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+                else CANCELLED if _cancelled(r) else True for r in batch.requests]
     if decoupled or not isinstance(result, list) or len(result) != n:
         return [False] * n
     out = []

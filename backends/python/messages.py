@@ -208,6 +208,7 @@ class Execution(msgspec.Struct, array_like=True, omit_defaults=True):
     # summed batch size; only the share with `lead` counts that execute() (execution_count, batch_stats).
     merged_batch_size: int = 0
     lead: bool = True
+    cancelled_ns: list[int] = []  # per request its client cancelled before it ended: arrival -> end
 
 
 class Responses(msgspec.Struct, tag="responses", array_like=True):

@@ -137,6 +137,12 @@ class ModelStats:
             self.fail_count += n
             self.fail_ns += sum(e.fail_ns)
             self.failures[BACKEND] += n
+        cancelled = getattr(e, "cancelled_ns", None)  # requests their clients cancelled while they ran
+        if cancelled:
+            n = len(cancelled)
+            self.fail_count += n
+            self.fail_ns += sum(cancelled)
+            self.failures[CANCELED] += n
         bs = e.batch_size
         if e.merged_batch_size:
             if not e.lead:

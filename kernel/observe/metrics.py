@@ -27,7 +27,7 @@ from kernel.core import stats as st
 from kernel.core.gpu import NvmlReader
 from kernel.core.scheduling import in_flight_count
 from kernel.observe.gpu_metrics import gpu_families
-from kernel.observe import cache_metrics, metrics_totals
+from kernel.observe import cache_metrics, metrics_totals, openai_metrics
 from kernel.observe.custom_metrics import COUNTER, GAUGE, HISTOGRAM, CustomMetrics
 from kernel.observe.distributions import SUMMARIES, LatencyObserver, add_histogram, add_summary, format_value
 
@@ -258,6 +258,7 @@ class ServerCollector:
         if gaps is not None and gaps.samples:
             yield gaps
         yield from custom.collect((HISTOGRAM,))
+        yield from openai_metrics.families(self.server, model_labels)  # the OpenAI API's tokens and latencies
         if summaries is not None:
             yield from (s for s in summaries if s.samples)
 

@@ -4,14 +4,19 @@ tritonserver has no such flags, Triton's OpenAI frontend is a separate program l
 Off unless --openai-port is given. It listens on --openai-address (default: --http-address) and
 shares the KServe HTTP endpoint's limits and restrictions (--http-max-input-size,
 --http-max-json-output-size, --http-max-header-size, --http-header-timeout-secs,
---http-body-timeout-secs, --http-restricted-api).
+--http-body-timeout-secs, --http-restricted-api). --openai-api-key (or the environment variable
+KERNEL_OPENAI_API_KEY, as vLLM's --api-key and VLLM_API_KEY) asks every /v1 and tokenizer call for
+`Authorization: Bearer KEY`.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from kernel.serve.flags import parse_int
+
+API_KEY_ENV = "KERNEL_OPENAI_API_KEY"
 
 
 def add_flags(a) -> None:
@@ -21,6 +26,10 @@ def add_flags(a) -> None:
            "/v1/models) on this port; off unless given (Triton's OpenAI frontend uses 9000)")
     a("--openai-address", default=None, help="Kernel only: address the OpenAI-compatible API listens on "
                                              "(default: --http-address)")
+    a("--openai-api-key", default=None,
+      help="Kernel only: the API key the OpenAI-compatible API asks for (Authorization: Bearer KEY) on /v1/* and "
+           "/tokenize, /detokenize; a call without it gets 401 (default: the environment variable "
+           f"{API_KEY_ENV}, else none)")
 
 
 def openai_transport(server, args, restricted) -> Optional[object]:
@@ -42,5 +51,6 @@ def openai_transport(server, args, restricted) -> Optional[object]:
         if allowed and port != 0 and other_port == port and other_address == address:
             raise StartupError(f"The server cannot listen to OpenAI requests and {name} requests "
                                f"at the same address and port {address}:{port}")
+    key = getattr(args, "openai_api_key", None) or os.environ.get(API_KEY_ENV) or None
     return OpenAITransport(server, address, port, args.http_max_input_size, restricted,
-                           args.http_max_json_output_size)
+                           args.http_max_json_output_size, key)

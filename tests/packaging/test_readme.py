@@ -77,7 +77,8 @@ RUN = [MAKE_SERVE, *INSTALL, SERVE_MY_REPO, MODEL_PY, HTTP_CLIENT, PYTRITON_SERV
 # Snippets another test runs as written, with where.
 RUN_ELSEWHERE = {
     'client = OpenAI(base_url="http://localhost:9000/v1", api_key="unused")':
-        "tests/transports/openai/test_openai_readme.py (the first chat, against make serve's OpenAI port)",
+        "tests/transports/openai/test_openai_readme.py (the first chat and the tools example, against the bundled "
+        "repository's OpenAI port)",
 }
 
 

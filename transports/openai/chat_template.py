@@ -11,13 +11,17 @@ Where the template comes from, first found wins:
 A template is rendered as Hugging Face's `apply_chat_template` renders it: in Jinja2's immutable
 sandbox, blocks trimmed (trim_blocks, lstrip_blocks), the loop-controls extension, a `tojson`
 filter, `raise_exception(message)` (its message becomes the client's 400) and `strftime_now`;
-variables `messages` (role and content; text parts joined by newlines), `add_generation_prompt`
-(true), `bos_token`, `eos_token`. It renders in a renderer process, with a time and a size limit
-(template_pool.py, template_worker.py); jinja2 is needed there only when a model has a template
-(the `openai` extra: pip install 'kernel-inference-server[openai]').
+variables `messages` (role and content, text parts joined by newlines; `name`, an assistant's
+`tool_calls` with their `arguments` as an object when they are a JSON object, as transformers
+asks of tool-use templates, a tool message's `tool_call_id`), `tools` (the request's tools, or its
+older functions as tools; none: undefined), `add_generation_prompt` (the request's, default true),
+`bos_token`, `eos_token`, and the request's `chat_template_kwargs`. It renders in a renderer
+process, with a time and a size limit (template_pool.py, template_worker.py), with jinja2 (a
+dependency of Kernel).
 
-Without a template, the prompt is one line per message, `<role>: <content>`, and a last line
-`assistant:` that the model completes.
+Without a template, the prompt is one line per message, `<role>: <content>` (an assistant's calls
+follow its content as `name(arguments)`), and a last line `assistant:` that the model completes
+(left out when add_generation_prompt is false).
 
 Templates are read once per loaded model version, off the event loop; a failing template's
 messages to the client never name a server path (the log does).
@@ -41,18 +45,29 @@ class ChatTemplate:
     """A model version's template: its text (None: the plain template), tokens, and where it came
     from (for the server's log only: a client never sees a server path)."""
 
-    __slots__ = ("source", "text", "bos_token", "eos_token", "__weakref__")
+    __slots__ = ("model", "source", "text", "bos_token", "eos_token", "__weakref__")
 
-    def __init__(self, source: str, text: Optional[str], bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(self, source: str, text: Optional[str], bos_token: str = "", eos_token: str = "",
+                 model: str = "") -> None:
+        self.model = model  # the model's name, for the server's log
         self.source = source
         self.text = text or None
         self.bos_token = bos_token
         self.eos_token = eos_token
 
 
-def plain_prompt(messages: list[dict]) -> str:
-    lines = [f"{m['role']}: {m['content']}" for m in messages]
-    lines.append("assistant:")
+def plain_prompt(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    lines = []
+    for m in messages:
+        line = f"{m['role']}: {m['content'] or ''}"
+        for call in m.get("tool_calls", ()):
+            arguments = call["function"]["arguments"]
+            if not isinstance(arguments, str):
+                arguments = json.dumps(arguments)
+            line += f" {call['function']['name']}({arguments})"
+        lines.append(line)
+    if add_generation_prompt:
+        lines.append("assistant:")
     return "\n".join(lines)
 
 
@@ -64,6 +79,12 @@ def _token(value) -> str:
 
 def load(model) -> ChatTemplate:
     """The model's chat template (file reads: call off the event loop)."""
+    template = _load(model)
+    template.model = model.name
+    return template
+
+
+def _load(model) -> ChatTemplate:
     parameters = model.config.parameters
     if "chat_template" in parameters and parameters["chat_template"].string_value:
         return ChatTemplate("the model config's parameter 'chat_template'", parameters["chat_template"].string_value)
@@ -129,5 +150,28 @@ def messages_for_template(messages) -> list[dict]:
         entry = {"role": m.role, "content": text}
         if m.name is not None:
             entry["name"] = m.name
+        if m.tool_calls:
+            if content is None:
+                entry["content"] = None
+            entry["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in m.tool_calls]
+        elif m.function_call is not None:  # the older form of one call
+            entry["function_call"] = {"name": m.function_call.name,
+                                      "arguments": _arguments(m.function_call.arguments)}
+        if m.tool_call_id is not None:
+            entry["tool_call_id"] = m.tool_call_id
         out.append(entry)
     return out
+
+
+def _arguments(text: str):
+    """A call's arguments as templates take them: a JSON object as a dict (transformers' rule for
+    tool-use templates, which vLLM follows), anything else as the text it is."""
+    if text[:1] == "{":
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(value, dict):
+            return value
+    return text

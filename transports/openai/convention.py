@@ -14,6 +14,7 @@ answers Triton's generate endpoints and these routes:
              num_input_tokens (UINT32)              prompt tokens (usage.prompt_tokens)
              num_output_tokens (UINT32)             tokens of this response (summed: usage.completion_tokens)
              finish_reason (BYTES)                  "stop", "length", ...
+             tool_calls, logprobs (BYTES)           see features.py and calls.py
 
 Only `text_input` and `text_output` are required; every other input is sent only when the model
 declares it, and a model without `sampling_parameters` gets the sampling fields as request
@@ -40,6 +41,7 @@ import numpy as np
 
 from kernel.core.datatypes import deserialize_bytes
 from kernel.core.request import InferRequest, InferResponse, InferTensor
+from kernel.transports.openai import calls, features
 from kernel.transports.openai.errors import ApiError
 
 TEXT_INPUT = "text_input"
@@ -67,7 +69,7 @@ class TextModel:
     model version and kept while the version is loaded."""
 
     __slots__ = ("name", "version", "decoupled", "problem", "shapes", "has_sampling", "has_counts", "has_finish",
-                 "excludes_input", "__weakref__")
+                 "excludes_input", "supports", "unsupported", "__weakref__")
 
     def __init__(self, model) -> None:
         self.name = model.name
@@ -85,6 +87,7 @@ class TextModel:
         self.has_counts = "num_input_tokens" in outputs and "num_output_tokens" in outputs
         self.has_finish = "finish_reason" in outputs
         self.excludes_input = "exclude_input_in_output" in inputs
+        self.supports, self.unsupported = features.declared(model)
 
     # ---- one call's inputs: made once, shared by its choices ---------------------------------
 
@@ -162,22 +165,37 @@ def _text_problem(model) -> Optional[str]:
 
 class ChoiceText:
     """What one choice's responses said: its text (decoded across response boundaries, as a UTF-8
-    character may be split between two tokens), token counts and finish reason."""
+    character may be split between two tokens), token counts, pieces, finish reason, tool calls
+    and (when asked) log probabilities. `calls` and `logprobs` hold what the last response added."""
 
-    __slots__ = ("pending", "prompt_tokens", "completion_tokens", "finish_reason")
+    __slots__ = ("pending", "prompt_tokens", "completion_tokens", "counted", "pieces", "finish_reason", "model",
+                 "calls", "all_calls", "logprobs", "all_logprobs")
 
-    def __init__(self) -> None:
+    def __init__(self, model: str = "", want_logprobs: bool = False) -> None:
         # The first bytes of a character split between two responses, until the next one completes
         # it. What codecs' incremental decoder keeps, without its Python layer per token (it was
         # ~10% of the front's time at concurrency 64).
         self.pending = b""
         self.prompt_tokens: Optional[int] = None
         self.completion_tokens = 0
+        self.counted = False  # the model reports num_output_tokens
+        self.pieces = 0  # responses that carried text: the token count of a model that reports none
         self.finish_reason: Optional[str] = None
+        self.model = model
+        self.calls: Optional[list] = None
+        self.all_calls: Optional[list] = None
+        self.logprobs: Optional[list] = None
+        # None: not asked for (a model's logprobs output is then not read)
+        self.all_logprobs: Optional[list] = [] if want_logprobs else None
 
     def read(self, response: InferResponse, final: bool) -> str:
-        """The text this response adds; counts and finish reason noted."""
+        """The text this response adds; counts, finish reason, calls and log probabilities noted
+        (ApiError for a tool_calls or logprobs output that cannot be read)."""
         text = ""
+        if self.calls is not None:
+            self.calls = None
+        if self.logprobs is not None:
+            self.logprobs = None
         for tensor in response.outputs:
             name = tensor.name
             if name == TEXT_OUTPUT:
@@ -186,8 +204,11 @@ class ChoiceText:
                     data = self.pending + bytes(data)
                 text, used = _utf8(data, "replace", final)
                 self.pending = bytes(data[used:]) if used < len(data) else b""
+                if text:
+                    self.pieces += 1
             elif name == "num_output_tokens":
                 self.completion_tokens += _first_int(tensor)
+                self.counted = True
             elif name == "num_input_tokens":
                 if self.prompt_tokens is None:
                     self.prompt_tokens = _first_int(tensor)
@@ -195,6 +216,18 @@ class ChoiceText:
                 values = _strings(tensor)
                 if values and values[0] and values[0] not in (b"None", b"null"):  # vLLM: "None" until the end
                     self.finish_reason = values[0].decode("utf-8", "replace")
+            elif name == "tool_calls":
+                found = calls.tool_calls(_strings(tensor), self.model)
+                if found:
+                    known = self.all_calls or []
+                    if len(known) + len(found) > calls.MAX_CALLS:
+                        raise ApiError(500, f"model '{self.model}' made more than {calls.MAX_CALLS} tool calls in one "
+                                            "choice", "server_error", None, "model_output")
+                    self.calls = found
+                    self.all_calls = known + found
+            elif name == "logprobs" and self.all_logprobs is not None:
+                self.logprobs = calls.logprobs(_strings(tensor), self.model)
+                self.all_logprobs += self.logprobs
         if final and self.pending:  # a final response without text: what was left is replaced
             text, self.pending = text + _utf8(self.pending, "replace", True)[0], b""
         return text
@@ -237,14 +270,20 @@ def _first_int(tensor: InferTensor) -> int:
     return int(array[0]) if array.size else 0
 
 
-def finish_reason(choice: ChoiceText, limit: Optional[int]) -> str:
-    """OpenAI's finish_reason: the model's when it gives one, else "length" when it produced
-    max_tokens tokens, else "stop"."""
+def finish_reason(choice: ChoiceText, limit: Optional[int], calls_reason: str = "tool_calls") -> str:
+    """OpenAI's finish_reason: "length" when the model stopped at max_tokens (its own reason, else
+    its token count, else the pieces of text it sent, reaching max_tokens); `calls_reason`
+    ("tool_calls", or "function_call" for the older functions) when it made calls; else the model's
+    reason when OpenAI has it, else "stop"."""
     reason = choice.finish_reason
+    if reason is None and limit is not None:
+        produced = choice.completion_tokens if choice.counted else choice.pieces
+        if produced >= limit:
+            reason = "length"
+    if choice.all_calls and reason != "length":
+        return calls_reason
     if reason in ("stop", "length", "content_filter", "tool_calls"):
         return reason
-    if reason is None and limit is not None and choice.completion_tokens >= limit:
-        return "length"
     return "stop"
 
 
@@ -295,6 +334,19 @@ class EmbeddingModel:
 # One description per loaded model version, dropped with it.
 _text: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _embedding: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def serves_openai(model) -> bool:
+    """Whether the OpenAI routes can call the model: it follows the text or the embedding convention."""
+    found = _text.get(model)
+    if found is None:
+        found = _text[model] = TextModel(model)
+    if not found.problem:
+        return True
+    found = _embedding.get(model)
+    if found is None:
+        found = _embedding[model] = EmbeddingModel(model)
+    return not found.problem
 
 
 def text_model(model) -> TextModel:

@@ -29,8 +29,7 @@ that is slower than the model gets fewer, larger writes, never more memory.
 from __future__ import annotations
 
 import asyncio
-import os
-import time
+import logging
 from typing import Optional
 
 import msgspec
@@ -38,7 +37,7 @@ import msgspec
 from kernel.core.errors import KernelError
 from kernel.core.request import InferResponse
 from kernel.transports.asgi import start_stream
-from kernel.transports.openai.convention import ChoiceText, TextModel, finish_reason
+from kernel.transports.openai.convention import ChoiceText, TextModel
 from kernel.transports.openai.schema import offset_seed
 from kernel.transports.reset import reset
 from kernel.transports.openai.errors import (
@@ -50,34 +49,33 @@ YIELD_BYTES = 64 * 1024
 MAX_PENDING_BYTES = 1 << 20  # encoded events one stream may hold for a client that reads too slowly
 _WATCH_BYTES = 64 * 1024  # pending bytes past which a stream joins the held-bytes account before any write
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-_DONE = b"data: [DONE]\n\n"
 _json = msgspec.json.Encoder()
+log = logging.getLogger("kernel.openai")
 
 
 class Generation:
     """The choices of one /v1/chat/completions or /v1/completions call."""
 
-    def __init__(self, server, model_name: str, text_model: TextModel, chat: bool, prompts: list[str], n: int,
-                 max_tokens: Optional[int], include_usage: bool, echo: bool,
-                 answer_limit: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, server, model_name: str, text_model: TextModel, form, prompts: list[str], n: int,
+                 max_tokens: Optional[int], echo: bool, answer_limit: int = 64 * 1024 * 1024,
+                 want_logprobs: bool = False) -> None:
+        """`form`: how the answer is written (forms.ChatForm, forms.CompletionForm, responses.ResponsesForm)."""
         self.server = server
         self.answer_limit = answer_limit  # the most bytes a non-streamed answer may take (--http-max-json-output-size)
         self.text_size = 0  # non-streaming: characters of text held in `texts` (a lower bound of their bytes)
-        self.chat = chat
+        self.form = form
         self.text_model = text_model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + os.urandom(12).hex()
-        self.created = int(time.time())
+        self.id = form.id
         self.model_name = model_name
         self.prompts = prompts
         self.n = n
         self.max_tokens = max_tokens
-        self.include_usage = include_usage
         # A model without the exclude_input_in_output input answers without the prompt: echo puts
         # the prompt in front of its answer here.
         self.echo = echo
         self.echo_here = echo and not text_model.excludes_input
         count = len(prompts) * n
-        self.choices = [ChoiceText() for _ in range(count)]
+        self.choices = [ChoiceText(model_name, want_logprobs) for _ in range(count)]
         self.texts: list[list[str]] = [[] for _ in range(count)]  # non-streaming: the text of each choice
         self.announced = [False] * count  # streaming: the choice's first chunk went out (chat: with its role)
         self.requests: list = []
@@ -94,16 +92,9 @@ class Generation:
         self.pending_bytes = 0
         self.transport = None  # the connection (for its write buffer), when the listener gives it
         self.trace = None  # tracing.CallTrace of a sampled call: its requests carry its traces
+        self.watch = None  # metrics.CallWatch of the call (token counts and latencies), when metrics are on
         self._started = False  # the stream's status and headers were sent
         self._waiter: Optional[asyncio.Future] = None
-        model_json = _json.encode(model_name)
-        if chat:
-            self._prefix = (b'data: {"id":"' + self.id.encode() + b'","object":"chat.completion.chunk","created":'
-                            + b"%d" % self.created + b',"model":' + model_json + b',"choices":[')
-        else:
-            self._prefix = (b'data: {"id":"' + self.id.encode() + b'","object":"text_completion","created":'
-                            + b"%d" % self.created + b',"model":' + model_json + b',"choices":[')
-        self._suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
 
     # ---- submitting ----------------------------------------------------------------------------
 
@@ -138,6 +129,10 @@ class Generation:
         memory) as it is submitted: ~10 ms for 8 MiB. The loop gets a turn between two such choices,
         so n of them never hold it for n copies in a row."""
         self.stream = stream
+        if stream:
+            opening = self.form.opening(self)
+            if opening:
+                self._add(opening)
         tm = self.text_model
         parts = self._sampling
         each = len(parts) > 1
@@ -183,16 +178,28 @@ class Generation:
             return
         final = response.final
         choice = self.choices[index]
-        text = choice.read(response, final)
+        try:
+            text = choice.read(response, final)
+        except ApiError as exc:  # a tool_calls or logprobs output the model got wrong
+            self._fail(exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - our fault: the call fails, the callback does not
+            log.exception("model '%s': a response could not be read", self.model_name)
+            self._fail(ApiError(500, f"internal error reading the model's response: {type(exc).__name__}",
+                                SERVER_ERROR))
+            return
         if self.echo_here and not self.announced[index]:
             text = self.prompts[index // self.n] + text
-        if text or final:
+        if self.watch is not None:
+            self.watch.response(index, choice, bool(text) or bool(choice.calls), final)
+        if text or final or choice.calls:
             self.committed = True
             if self.stream:
-                self._add(self._chunk(index, text, finish_reason(choice, self.max_tokens) if final else None))
-            elif text:
-                self.texts[index].append(text)
-                self.text_size += len(text)
+                self._add(self.form.chunk(self, index, text, final))
+            elif text or choice.calls or choice.logprobs:
+                if text:
+                    self.texts[index].append(text)
+                self.text_size += len(text) + _extra_size(choice)
                 if self.text_size > _WATCH_BYTES:
                     if self.text_size > self.answer_limit:
                         self._drop_texts()
@@ -206,16 +213,14 @@ class Generation:
                 if self.trace is not None:
                     self.trace.answered(response)
                 if self.stream:
-                    if self.include_usage:
-                        self._add(self._usage_chunk())
-                    self._add(_DONE)
+                    self._add(self.form.closing(self))
                 self._finish()
         if self.stream and self.pending_bytes > MAX_PENDING_BYTES and not self.finished:
             self.finished = True  # first: what the cancellation brings back is not added
             self.cancel()
-            self._add(b"data: " + error_body(
+            self._add(self.form.error_event(error_body(
                 f"the client read the stream too slowly: more than {MAX_PENDING_BYTES} bytes waited to be sent; "
-                "the request was cancelled", SERVER_ERROR, None, "stream_overflow") + b"\n\n")
+                "the request was cancelled", SERVER_ERROR, None, "stream_overflow")))
         elif self.pending_bytes > _WATCH_BYTES:
             self.server.held_output.watch(self)
 
@@ -223,7 +228,7 @@ class Generation:
         self.finished = True  # first: what the cancellation brings back is not added
         self.cancel()
         if self.committed and self.stream:
-            self._add(b"data: " + error.body() + b"\n\n")
+            self._add(self.form.error_event(error.body()))
         else:
             self.error = error
         self._wake()
@@ -330,19 +335,7 @@ class Generation:
 
     def answer(self) -> bytes:
         """The non-streaming answer (after wait_all, without error)."""
-        choices = []
-        for index, parts in enumerate(self.texts):
-            text = "".join(parts)
-            reason = finish_reason(self.choices[index], self.max_tokens)
-            if self.chat:
-                choices.append({"index": index, "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": reason})
-            else:
-                choices.append({"index": index, "text": text, "logprobs": None, "finish_reason": reason})
-        out = _json.encode({
-            "id": self.id, "object": "chat.completion" if self.chat else "text_completion", "created": self.created,
-            "model": self.model_name, "choices": choices, "usage": self.usage(), "system_fingerprint": None,
-        })
+        out = _json.encode(self.form.answer(self))
         if len(out) > self.answer_limit:
             raise self._too_large()
         return out
@@ -363,22 +356,12 @@ class Generation:
         completion = sum(c.completion_tokens for c in self.choices)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def _chunk(self, index: int, text: str, reason: Optional[str]) -> bytes:
-        reason_json = b"null" if reason is None else b'"' + reason.encode() + b'"'
-        if self.chat:
-            if not self.announced[index]:
-                delta = b'"role":"assistant","content":' + _json.encode(text)
-            elif text:
-                delta = b'"content":' + _json.encode(text)
-            else:
-                delta = b""  # a last chunk with no text: an empty delta and the finish reason
-            body = (b'{"index":%d,"delta":{' % index + delta + b'},"logprobs":null,"finish_reason":'
-                    + reason_json + b"}")
-        else:
-            body = (b'{"index":%d,"text":' % index + _json.encode(text) + b',"logprobs":null,"finish_reason":'
-                    + reason_json + b"}")
-        return self._prefix + body + self._suffix
 
-    def _usage_chunk(self) -> bytes:
-        return self._prefix + b'],"usage":' + _json.encode(self.usage()) + b"}\n\n"
-
+def _extra_size(choice) -> int:
+    """About how many bytes the calls and log probabilities of a response add to an answer."""
+    size = 0
+    if choice.calls:
+        size += sum(64 + len(c["function"]["arguments"]) + len(c["function"]["name"]) for c in choice.calls)
+    if choice.logprobs:
+        size += sum(64 + 3 * len(e["token"]) + 64 * len(e.get("top_logprobs", ())) for e in choice.logprobs)
+    return size

@@ -13,7 +13,7 @@ ones), `max_tokens` from `max_completion_tokens` when given, no nulls.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import msgspec
 from msgspec import Meta, Struct
@@ -39,10 +39,62 @@ class ContentPart(Struct, forbid_unknown_fields=False):
     text: Optional[str] = None
 
 
+MAX_TOOLS = 128  # OpenAI's bound on tools (and functions) per request
+# A tool's or a function's name, as OpenAI allows it.
+Name = Annotated[str, Meta(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+class FunctionDef(Struct, forbid_unknown_fields=False, omit_defaults=True):
+    name: Name
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class Tool(Struct, forbid_unknown_fields=False, omit_defaults=True):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Struct, forbid_unknown_fields=False):
+    name: str
+
+
+class ToolChoice(Struct, forbid_unknown_fields=False):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(Struct, forbid_unknown_fields=False, omit_defaults=True):
+    name: Name
+    description: Optional[str] = None
+    schema: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(Struct, forbid_unknown_fields=False):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class FunctionCall(Struct, forbid_unknown_fields=False):
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(Struct, forbid_unknown_fields=False):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class Message(Struct, forbid_unknown_fields=False):
     role: str
     content: Union[str, list[ContentPart], None] = None
     name: Optional[str] = None
+    tool_calls: Optional[Annotated[list[ToolCall], Meta(max_length=MAX_TOOLS)]] = None
+    tool_call_id: Optional[str] = None
+    function_call: Optional[FunctionCall] = None
 
 
 class _Sampling(Struct, forbid_unknown_fields=False):
@@ -59,6 +111,13 @@ class _Sampling(Struct, forbid_unknown_fields=False):
     user: Optional[str] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
+    # OpenAI's platform: accepted when they ask for nothing Kernel lacks (features.platform_fields).
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, Any]] = None
+    service_tier: Optional[str] = None
+    modalities: Optional[list[str]] = None
+    audio: Optional[Any] = None
+    prediction: Optional[Any] = None
 
 
 class ChatRequest(_Sampling, forbid_unknown_fields=False):
@@ -66,7 +125,15 @@ class ChatRequest(_Sampling, forbid_unknown_fields=False):
     max_completion_tokens: Optional[Tokens] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[Annotated[int, Meta(ge=0, le=20)]] = None
-    tools: Optional[list[Any]] = None
+    tools: Optional[Annotated[list[Tool], Meta(max_length=MAX_TOOLS)]] = None
+    tool_choice: Union[str, ToolChoice, None] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[Annotated[list[FunctionDef], Meta(max_length=MAX_TOOLS)]] = None
+    function_call: Union[str, NamedFunction, None] = None
+    response_format: Optional[ResponseFormat] = None
+    # Delivered to the chat template (vLLM's extensions): the generation prompt, more template variables.
+    add_generation_prompt: Optional[bool] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class CompletionRequest(_Sampling, forbid_unknown_fields=False):
@@ -90,6 +157,7 @@ _NOT_SAMPLING = frozenset({
     "model", "messages", "prompt", "stream", "stream_options", "echo", "n", "user", "store", "metadata",
     "response_format", "service_tier", "tools", "tool_choice", "parallel_tool_calls", "function_call",
     "functions", "suffix", "max_completion_tokens", "max_tokens", "modalities", "audio", "prediction",
+    "add_generation_prompt", "chat_template_kwargs",
 })
 
 
@@ -151,10 +219,12 @@ def max_tokens(request) -> Optional[int]:
     return getattr(request, "max_completion_tokens", None) or request.max_tokens
 
 
-def sampling_parameters(fields: dict, request) -> dict:
+def sampling_parameters(fields: dict, request, delivered: Optional[dict] = None) -> dict:
     """The sampling fields of a request (see the module docstring): {name: JSON text as sent}, and
-    max_tokens as a number."""
+    max_tokens as a number; `delivered`: the feature fields the model takes (features.delivered)."""
     out: dict[str, Any] = {k: v for k, v in fields.items() if k not in _NOT_SAMPLING and not _is_null(v)}
+    if delivered:
+        out.update(delivered)
     limit = max_tokens(request)
     if limit is not None:
         out["max_tokens"] = limit
@@ -174,9 +244,6 @@ def offset_seed(seed: int, offset: int) -> int:
 def check_chat(request: ChatRequest) -> None:
     if not request.messages:
         raise bad_request("'messages' must hold at least one message", "messages")
-    if request.tools:
-        raise bad_request("tool calling is not supported by Kernel's OpenAI API: send the request without 'tools'",
-                          "tools")
 
 
 def check_completion(request: CompletionRequest) -> list[str]:

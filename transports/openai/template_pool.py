@@ -77,10 +77,13 @@ class TemplatePool:
         self._all: set[_Process] = set()
         self._closed = False
 
-    async def render(self, template, messages: list[dict], size: int) -> str:
-        """The prompt `template` (chat_template.ChatTemplate with a text) makes of `messages`;
-        ApiError when it fails, is too slow or too large. `size`: about how many bytes the messages take."""
-        request = {"text": template.text, "bos": template.bos_token, "eos": template.eos_token, "messages": messages}
+    async def render(self, template, messages: list[dict], size: int, tools: Optional[list] = None,
+                     add_generation_prompt: bool = True, kwargs: Optional[dict] = None) -> str:
+        """The prompt `template` (chat_template.ChatTemplate with a text) makes of `messages` (and
+        the request's `tools`, `add_generation_prompt` and `chat_template_kwargs`); ApiError when
+        it fails, is too slow or too large. `size`: about how many bytes the messages take."""
+        request = {"text": template.text, "bos": template.bos_token, "eos": template.eos_token, "messages": messages,
+                   "tools": tools, "add_generation_prompt": add_generation_prompt, "kwargs": kwargs or {}}
         if size > OFFLOAD_BYTES:
             payload = await asyncio.get_running_loop().run_in_executor(None, _encode, request)
         else:
@@ -196,9 +199,13 @@ def _refusal(template, kind: Optional[str], message: str, limit: int) -> ApiErro
         return bad_request("the model's chat template needed more memory than a render may take on these messages",
                            "messages", "chat_template_limit")
     if kind == "failed":
-        log.debug("the chat template of %s failed: %s", template.source, message)
-        return bad_request(f"the model's chat template failed on these messages: {message}", "messages")
-    log.error("the chat template of %s cannot be used: %s", template.source, message)
+        log.warning("model '%s': its chat template (%s) failed to render a request: %s", template.model,
+                    template.source, message)
+        return bad_request(f"the chat template of model '{template.model}' failed on these messages: {message}",
+                           "messages", "chat_template_error")
+    log.error("model '%s': its chat template (%s) cannot be used: %s", template.model, template.source, message)
     if kind == "compile":
-        return ApiError(500, f"the model's chat template does not compile: {message}", "server_error")
-    return ApiError(500, f"the model has a chat template and {message}", "server_error")
+        return ApiError(500, f"the chat template of model '{template.model}' does not compile: {message}",
+                        "server_error", None, "chat_template_error")
+    return ApiError(500, f"model '{template.model}' has a chat template and {message}", "server_error", None,
+                    "chat_template_error")

@@ -19,7 +19,7 @@ Run by file path (template_pool.py), not as a module of the package: importing t
 import the whole OpenAI transport. It imports only the standard library, msgspec and jinja2.
 
 Wire format, both ways: a 4-byte little-endian length, then a msgpack map.
-    request  {"text", "bos", "eos", "messages"}
+    request  {"text", "bos", "eos", "messages", "tools", "add_generation_prompt", "kwargs"}
     reply    {"prompt": str} or {"error": kind, "message": str}; kind is "raised" (the template's
              raise_exception: its message is for the client), "failed" (an exception on these
              messages), "compile", "too_large", "memory" or "setup" (jinja2 missing).
@@ -82,8 +82,9 @@ class Renderer:
             try:
                 self.env = _environment()
             except ImportError:
-                return {"error": "setup", "message": "rendering it needs jinja2, which is not installed: "
-                                                     "pip install 'kernel-inference-server[openai]'"}
+                return {"error": "setup", "message": "rendering it needs jinja2 (a dependency of Kernel), which is "
+                                                     "missing from the server's Python environment: pip install "
+                                                     "'jinja2>=3.1' there, or reinstall Kernel"}
         text = request["text"]
         template = self.compiled.get(text)
         if template is None:
@@ -102,8 +103,12 @@ class Renderer:
         pieces = []
         size = 0
         try:
-            for piece in template.generate(messages=request["messages"], add_generation_prompt=True,
-                                           bos_token=request["bos"], eos_token=request["eos"]):
+            variables = dict(request.get("kwargs") or {})
+            variables.update(messages=request["messages"], bos_token=request["bos"], eos_token=request["eos"],
+                             add_generation_prompt=request.get("add_generation_prompt", True))
+            if request.get("tools") is not None:  # none: undefined in the template, as transformers leaves it
+                variables["tools"] = request["tools"]
+            for piece in template.generate(**variables):
                 size += len(piece)
                 if size > limit:
                     raise TooLarge

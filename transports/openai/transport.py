@@ -41,11 +41,11 @@ class OpenAITransport(Transport):
 
     def __init__(self, server, address: str = "0.0.0.0", port: int = DEFAULT_PORT,
                  max_input_size: int = 64 * 1024 * 1024, restricted: Optional[Restrictions] = None,
-                 max_json_output_size: int = 64 * 1024 * 1024):
+                 max_json_output_size: int = 64 * 1024 * 1024, api_key: Optional[str] = None):
         self.server = server
         self.address = address
         self.port = port
-        self.app = OpenAIApp(server, max_input_size, restricted, max_json_output_size)
+        self.app = OpenAIApp(server, max_input_size, restricted, max_json_output_size, api_key)
         # Replaced by the CLI with the --http-* limits, as for every HTTP/1.1 listener.
         self.limits = Http1Limits()
         self._uvicorn: Optional[UvicornListener] = None

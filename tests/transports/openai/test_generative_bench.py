@@ -113,6 +113,24 @@ def test_load_client_counts_every_token(kernel, kind):
     assert 0 < result.ttft_p50_ms <= result.ttft_p99_ms
 
 
+@pytest.mark.parametrize("kind, tokens", [("openai_tools", 1), ("openai_json", 7)])
+def test_load_client_counts_tool_calls_and_json_pieces(kernel, kind, tokens):
+    """The tool-calling and JSON-mode rows: a call is one token (one chunk with the whole call), a
+    JSON answer `{"answer": "<6 words>"}` streams as about 7 pieces; neither is a short-answer error."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gen_load
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    result = asyncio.run(gen_load.measure(kind, "127.0.0.1", kernel.openai_port, "tiny_lm", 2, duration=0.5,
+                                          warmup=0.2, max_tokens=24))
+    assert result.errors == 0, result.first_error
+    assert result.requests >= 2 and result.tokens_all >= (tokens - 2) * result.requests
+    if kind == "openai_tools":
+        assert result.tokens_all % tokens == 0
+    assert 0 < result.ttft_p50_ms <= result.ttft_p99_ms
+
+
 def _data_segments_in(sock: socket.socket) -> int:
     """tcpi_data_segs_in of the connection's TCP_INFO (Linux 4.6+): segments received that carried data."""
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)

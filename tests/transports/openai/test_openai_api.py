@@ -39,7 +39,11 @@ HI = [{"role": "user", "content": "tell me about the river"}]
 
 def test_models_are_listed_and_retrieved(client):
     ids = [m.id for m in client.models.list()]
-    assert {"tiny_lm", "inspect_lm", "embed", "add_sub"} <= set(ids)
+    assert {"tiny_lm", "inspect_lm", "embed"} <= set(ids)
+    # Only models these routes can call (issue 33: add_sub was listed and could not chat).
+    assert "add_sub" not in ids and "string_identity" not in ids
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("add_sub")
     model = client.models.retrieve("tiny_lm")
     assert (model.id, model.object, model.owned_by) == ("tiny_lm", "model", "kernel")
     assert isinstance(model.created, int)
@@ -275,10 +279,14 @@ def test_bound_generator_answers_chat_completions(tmp_path):
             # The generator's words, then the end of its stream: an empty delta with the finish reason.
             assert [c.choices[0].delta.content for c in chunks] == [" assistant:0", " assistant:1", " assistant:2",
                                                                     " assistant:3", None]
-            assert [c.choices[0].finish_reason for c in chunks] == [None] * 4 + ["stop"]
+            # No token counts: its 4 pieces of text reached max_tokens, so "length" (was "stop", issue 33).
+            assert [c.choices[0].finish_reason for c in chunks] == [None] * 4 + ["length"]
             answer = client.chat.completions.create(model="words", messages=HI)
             assert answer.choices[0].message.content == " assistant:0 assistant:1 assistant:2"
             assert answer.usage is None  # the callable reports no token counts
+            assert answer.choices[0].finish_reason == "stop"  # 3 pieces, no max_tokens
+            answer = client.chat.completions.create(model="words", messages=HI, max_tokens=5)
+            assert answer.choices[0].finish_reason == "length"
         triton.bind("split", split_character, [Tensor(name="text_input", dtype=bytes, shape=(1,))],
                     [Tensor(name="text_output", dtype=bytes, shape=(1,))],
                     config=ModelConfig(batching=False, decoupled=True))

@@ -155,14 +155,15 @@ def test_a_template_that_prints_or_builds_too_much_is_refused(server):
 def test_template_errors_do_not_tell_the_client_server_paths(server, repo):
     status, error = _refused(server, "broken_lm")
     assert status == 400 and error["param"] == "messages"
-    assert error["message"] == ("the model's chat template failed on these messages: TypeError: unsupported "
-                                "operand type(s) for /: 'str' and 'int'")
+    assert error["message"] == ("the chat template of model 'broken_lm' failed on these messages: TypeError: "
+                                "unsupported operand type(s) for /: 'str' and 'int'")
     status, error = _refused(server, "syntax_lm")
-    assert status == 500 and error["message"].startswith("the model's chat template does not compile: ")
+    assert status == 500 and error["message"].startswith("the chat template of model 'syntax_lm' does not compile: ")
     for message in (error["message"], _refused(server, "broken_lm")[1]["message"]):
         assert str(repo) not in message and "chat_template.jinja" not in message
     # The server's log names the file.
     assert server.wait_for_log(str(repo / "syntax_lm" / "chat_template.jinja"))
+    assert server.wait_for_log("model 'syntax_lm': its chat template")
 
 
 def test_a_server_rendering_a_runaway_template_stops_on_sigterm(repo):

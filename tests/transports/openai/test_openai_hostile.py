@@ -60,7 +60,7 @@ def still_serves(server) -> None:
     ({"model": "tiny_lm", "messages": HI, "seed": 2 ** 70}, "seed", "64-bit"),
     ({"model": "tiny_lm", "messages": HI, "stream": "yes"}, "stream", "Expected `bool"),
     ({"model": "tiny_lm", "messages": HI, "stream_options": []}, "stream_options", "Expected `object"),
-    ({"model": "tiny_lm", "messages": HI, "tools": [{"type": "function"}]}, "tools", "tool calling"),
+    ({"model": "tiny_lm", "messages": HI, "tools": [{"type": "function"}]}, "tools", "`function`"),
     ({"model": "tiny_lm", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages", "image_url"),
 ])
 def test_malformed_requests_are_400_naming_the_problem(server, body, param, words):
@@ -135,3 +135,73 @@ def test_many_streams_opened_and_dropped(server):
     still_serves(server)
     status, _, answer = request(server.openai_port, "GET", "/v1/models")
     assert status == 200 and "tiny_lm" in [m["id"] for m in json.loads(answer)["data"]]
+
+
+# ---- the fields of issue 33: tools, response_format, logprobs, the Responses API ----------------------
+
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+
+def _deep(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"tools": "f"}, "tools", "Expected `array"),
+    ({"tools": [_TOOL] * 10_000}, "tools", "length <= 128"),
+    ({"tools": [{"type": "retrieval"}]}, "tools", "Invalid enum value 'retrieval'"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools", "matching regex"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": _deep(40)}}]}, "tools",
+     "nested more than 32 levels"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": _deep(300)}}]}, "tools",
+     "nested more than 32 levels"),
+    ({"tools": [_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "'nope', which is not one of the tools"),
+    ({"tools": [_TOOL], "tool_choice": "sometimes"}, "tool_choice", "must be one of none, auto, required"),
+    ({"tool_choice": "auto"}, "tool_choice", "only allowed when 'tools' are given"),
+    ({"parallel_tool_calls": True}, "parallel_tool_calls", "only allowed when 'tools'"),
+    ({"tools": [_TOOL], "functions": [_TOOL["function"]]}, "functions", "not both"),
+    ({"functions": [_TOOL["function"]], "function_call": {"name": "g"}}, "function_call", "'g'"),
+    ({"response_format": {"type": "xml"}}, "response_format", "Invalid enum value 'xml'"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs its 'json_schema'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": _deep(40)}}},
+     "response_format", "nested more than 32 levels"),
+    ({"logprobs": "yes"}, "logprobs", "Expected `bool"),
+    ({"logprobs": True, "top_logprobs": 10 ** 9}, "top_logprobs", "<= 20"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs 'logprobs': true"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "may not set messages"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": 3}}]}]}, "messages",
+     "Expected `str`"),
+])
+def test_hostile_feature_fields_are_400_naming_the_field(server, fields, param, words):
+    status, _, answer = post(server, {"model": "tiny_lm", "messages": HI, **fields})
+    assert status == 400, answer
+    error = assert_error_shape(answer)
+    assert words in error["message"], error
+    if param is not None:
+        assert error["param"] == param
+    assert request(server.openai_port, "GET", "/health")[0] == 200
+
+
+def test_hostile_responses_and_tokenizer_bodies(server):
+    for path, body, param, words in (
+        ("/v1/responses", {"model": "tiny_lm"}, "input", "input"),
+        ("/v1/responses", {"model": "tiny_lm", "input": 5}, "input", "Expected `str | array"),
+        ("/v1/responses", {"model": "tiny_lm", "input": "x", "tools": [{"type": "function", "name": "f"}] * 500},
+         "tools", "length <= 128"),
+        ("/v1/responses", {"model": "tiny_lm", "input": [{"type": "function_call"}]}, "input", "call_id and name"),
+        ("/v1/responses", {"model": "tiny_lm", "input": "x", "max_output_tokens": -5}, "max_output_tokens", ">= 1"),
+        ("/v1/responses", {"model": "tiny_lm", "input": "x", "text": {"format": {"type": "json_schema"}}}, "text",
+         "needs its 'name'"),
+        ("/tokenize", {"model": "tiny_lm"}, "prompt", "either 'prompt' or 'messages'"),
+        ("/detokenize", {"model": "tiny_lm", "tokens": ["a"]}, "tokens", "Expected `int`"),
+        ("/detokenize", {"model": "tiny_lm", "tokens": [2 ** 70]}, "tokens", "<= 9223372036854775807"),
+    ):
+        status, _, answer = post(server, body, path)
+        assert status == 400, (body, answer)
+        error = assert_error_shape(answer)
+        assert words in error["message"] and error["param"] == param, (body, error)
+    still_serves(server)
