@@ -28,7 +28,7 @@ from kernel.serve.flags import (
 from kernel import __version__
 from kernel.observe.log import LOG_FORMATS, LogSettings
 from kernel.serve.startup import StartupInterrupted, expected_workers, run, signals_interrupt, stop_on_signals
-from kernel.serve import openai_api
+from kernel.serve import memory, openai_api
 
 # The server itself (kernel.core.server, the config and loading code, numpy, protobuf) is imported
 # by the functions that use it, not here: `main` first starts the standby workers
@@ -509,6 +509,7 @@ async def _serve(args, stop: asyncio.Event) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what front processes start with (fronts/launch.py)
+    memory.return_large_buffers()
     server_log.configure(args.log_verbose, args.log_info, args.log_warning, args.log_error,
                          args.log_format, args.log_file, role=server_log.SERVE)
     for flag in args.no_effect:

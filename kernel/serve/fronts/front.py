@@ -213,6 +213,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     from kernel.serve import cli
 
     args = cli.build_parser().parse_args(["serve", *serve_argv])
+    from kernel.serve import memory
+
+    memory.return_large_buffers()
     server_log.configure(args.log_verbose, args.log_info, args.log_warning, args.log_error,
                          args.log_format, args.log_file, role=server_log.SERVE)
     if not args.log_verbose:
