@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import httpx
@@ -122,6 +123,46 @@ def test_generate_stream_sends_one_event_per_response(client):
     assert [e["text_output"] for e in events] == ["a", "b", "c"]
     assert [e["index"] for e in events] == [0, 1, 2]
     assert all(e["id"] == "s1" and e["tag"] == "t" and e["model_name"] == "token_stream" for e in events)
+
+
+def _chunks(host: str, port: int, path: str, body: bytes) -> tuple[int, list[bytes]]:
+    """POST `body` over a raw HTTP/1.1 connection; the status and the chunks of its chunked answer."""
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        data = b""
+        while True:
+            part = sock.recv(1 << 20)
+            if not part:
+                break
+            data += part
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    chunks = []
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return int(head.split()[1]), chunks
+        chunks.append(rest[:size])
+        rest = rest[size + 2:]
+
+
+def test_generate_stream_joins_responses_that_wait_into_one_write(kernel):
+    """A model that sends faster than the front writes: the responses waiting when a write is due
+    leave in one chunk (each still its own event, in order), not a write per response; the first
+    event leaves alone (never held back for the next)."""
+    words = [f"w{i}" for i in range(2000)]
+    host, port = kernel.url.rsplit(":", 1)
+    body = json.dumps({"text_input": " ".join(words)}).encode()
+    status, chunks = _chunks(host, int(port), "/v2/models/token_stream/generate_stream", body)
+    assert status == 200
+    events = sse_events(b"".join(chunks).decode())
+    assert [e["text_output"] for e in events] == words
+    assert [e["index"] for e in events] == list(range(2000))
+    assert sse_events(chunks[0].decode())[0]["text_output"] == "w0" and len(sse_events(chunks[0].decode())) == 1
+    assert all(c.endswith(b"\n\n") for c in chunks)  # an event is never split over two writes
+    assert len(chunks) < len(events) // 2, f"{len(chunks)} writes for {len(events)} events"
 
 
 def test_generate_stream_reports_errors_as_events(client):

@@ -33,6 +33,7 @@ from kernel.transports.http.disconnect import DisconnectWatch
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 _PARAMETERS = "parameters"
 _DISCONNECTED = object()
+_JOIN_BYTES = 256 * 1024  # waiting events joined into one write up to about this many bytes
 _json = msgspec.json.Encoder()
 
 
@@ -98,43 +99,66 @@ async def stream_events(
     The status, headers and first event leave in one segment (start_stream;
     transport: the connection, scope["kernel.transport"]). `trace`: the call's trace when it was
     sampled (the final response stamps INFER_RESPONSE_COMPLETE and HTTP_SEND_START on it).
+
+    Responses that are already waiting when a write is due leave in that one write (each still its
+    own event): a model that streams faster than the loop writes costs one write and one client
+    wake-up per batch, not per token, so the front leaves the cores to the model and the client.
+    The first response is never held back for the next.
     """
     started = False
+    queue = responses.queue
     try:
         while True:
             response = await responses.get()
             if response is None:
                 return  # client went away; the request is cancelled
-            if trace is not None and response.final:
-                trace.on_response(response)
-                trace.stamp("HTTP_SEND_START")
-            event = b""
-            if not is_flag_only(response, decoupled):
-                if response.error is not None:
-                    event = sse_event(codec.error_body(response.error.message))
-                else:
-                    try:
-                        data = encode(response)
-                        if inspect.isawaitable(data):
-                            data = await data
-                        event = sse_event(data)
-                    except KernelError as exc:
-                        event = sse_event(codec.error_body(exc.message))
+            first = response
+            events = []
+            size = 0
+            while True:
+                if trace is not None and response.final:
+                    trace.on_response(response)
+                    trace.stamp("HTTP_SEND_START")
+                event = await _event(response, encode, decoupled)
+                if event:
+                    events.append(event)
+                    size += len(event)
+                if response.final or not started or size >= _JOIN_BYTES or queue.empty():
+                    break
+                response = queue.get_nowait()
+                if response is _DISCONNECTED:
+                    return
+            data = events[0] if len(events) == 1 else b"".join(events)
             if not started:
                 started = True
-                status = 200 if response.error is None else status_for(response.error)
+                status = 200 if first.error is None else status_for(first.error)
                 headers = [(b"content-type", SSE_CONTENT_TYPE), *extra_headers]
-                await start_stream(send, transport, status, headers, event, not response.final)
+                await start_stream(send, transport, status, headers, data, not response.final)
                 if response.final:
                     return
                 continue
             if response.final:
-                await send({"type": "http.response.body", "body": event, "more_body": False})
+                await send({"type": "http.response.body", "body": data, "more_body": False})
                 return
-            if event:
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+            if data:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
     finally:
         responses.close()
+
+
+async def _event(response: InferResponse, encode, decoupled: bool) -> bytes:
+    """One response's SSE event (b"" for a decoupled model's bare final flag)."""
+    if is_flag_only(response, decoupled):
+        return b""
+    if response.error is not None:
+        return sse_event(codec.error_body(response.error.message))
+    try:
+        data = encode(response)
+        if inspect.isawaitable(data):
+            data = await data
+        return sse_event(data)
+    except KernelError as exc:
+        return sse_event(codec.error_body(exc.message))
 
 
 # ---- the generate extension ------------------------------------------------------
