@@ -112,7 +112,6 @@ async def stream_events(
             response = await responses.get()
             if response is None:
                 return  # client went away; the request is cancelled
-            first = response
             events = []
             size = 0
             while True:
@@ -128,10 +127,10 @@ async def stream_events(
                 response = queue.get_nowait()
                 if response is _DISCONNECTED:
                     return
-            data = events[0] if len(events) == 1 else b"".join(events)
-            if not started:
+            data = b"".join(events)
+            if not started:  # (then `response` is the first one: it left alone)
                 started = True
-                status = 200 if first.error is None else status_for(first.error)
+                status = 200 if response.error is None else status_for(response.error)
                 headers = [(b"content-type", SSE_CONTENT_TYPE), *extra_headers]
                 await start_stream(send, transport, status, headers, data, not response.final)
                 if response.final:
