@@ -29,10 +29,15 @@ from kernel.core.request import InferRequest, InferResponse, InferTensor
 from kernel.transports.asgi import JSON_HEADERS, send_error, send_response, start_stream, status_for
 from kernel.transports.http import codec, large_json
 from kernel.transports.http.disconnect import DisconnectWatch
+from kernel.transports.reset import reset
 
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 _PARAMETERS = "parameters"
 _DISCONNECTED = object()
+_OVERFLOW = object()  # queued once a stream holds more than MAX_PENDING_BYTES for its client
+_EMPTY = object()
+MAX_PENDING_BYTES = 16 * 1024 * 1024  # response data one stream may hold for a client that reads too slowly
+_WATCH_BYTES = 64 * 1024  # response data waiting past which a stream joins the held-output account
 _JOIN_BYTES = 256 * 1024  # waiting events joined into one write up to about this many bytes
 _json = msgspec.json.Encoder()
 
@@ -56,13 +61,39 @@ def is_flag_only(response: InferResponse, decoupled: bool) -> bool:
 
 
 class ResponseQueue:
-    """Collects a request's responses (set before submitting it)."""
+    """Collects a request's responses (set before submitting it).
 
-    def __init__(self, request: InferRequest):
+    A stream's responses wait here until its client has taken the ones before them. Given the
+    server's held-output account (`held`, kernel.core.holding) the queue is a holder in it while it
+    holds more than _WATCH_BYTES of response data: a client that stops reading is cut after
+    --client-stall-timeout-secs (a TCP reset of `transport`, its connection) and all clients
+    together stay within --max-held-output-bytes. A model sends without waiting for the client, so
+    one stream may hold at most MAX_PENDING_BYTES beyond the response being written: past that the
+    request is cancelled, later responses are dropped, and the stream ends with an error event.
+    """
+
+    def __init__(self, request: InferRequest, held=None, transport=None):
         self.request = request
         self.queue: asyncio.Queue = asyncio.Queue()
-        request.on_response = self.queue.put_nowait
+        request.on_response = self._put
         self._watcher: Optional[DisconnectWatch] = None
+        self._held = held
+        self._transport = transport
+        self.pending = 0  # bytes of response data waiting in the queue
+        self._dropping = False  # overflowed or cut: later responses are not kept
+
+    def _put(self, response: InferResponse) -> None:
+        if self._dropping:
+            return
+        self.pending += _data_bytes(response)
+        self.queue.put_nowait(response)
+        if self._held is None or self.pending <= _WATCH_BYTES:
+            return
+        if self.pending > MAX_PENDING_BYTES and self.queue.qsize() > 1:
+            self._dropping = True
+            self.request.cancel()
+            self.queue.put_nowait(_OVERFLOW)
+        self._held.watch(self)
 
     def watch_disconnect(self, receive) -> None:
         """A client that goes away cancels the request and ends the wait."""
@@ -71,11 +102,49 @@ class ResponseQueue:
     def close(self) -> None:
         if self._watcher is not None:
             self._watcher.close()
+        if self._held is not None:
+            self._held.unwatch(self)
 
     async def get(self):
-        """The next response, or None once the client has disconnected."""
-        item = await self.queue.get()
-        return None if item is _DISCONNECTED else item
+        """The next response (or _OVERFLOW), or None once the client has disconnected."""
+        return self._taken(await self.queue.get())
+
+    def waiting(self):
+        """The next response if one is already waiting, else _EMPTY (None: the client disconnected)."""
+        if self.queue.empty():
+            return _EMPTY
+        return self._taken(self.queue.get_nowait())
+
+    def _taken(self, item):
+        if item is _DISCONNECTED:
+            return None
+        if item is not _OVERFLOW:
+            self.pending -= _data_bytes(item)
+        return item
+
+    # kernel.core.holding.Holder
+    def held_bytes(self) -> int:
+        return self.pending
+
+    def cut(self, reason: str) -> None:
+        """Drop the client (it stopped reading): cancel the request, free what waits, reset the connection."""
+        self._dropping = True
+        self.request.cancel()
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.pending = 0
+        self.queue.put_nowait(_DISCONNECTED)
+        reset(self._transport)
+
+
+def _data_bytes(response: InferResponse) -> int:
+    return sum(t.nbytes for t in response.outputs) if response.outputs else 0
+
+
+def _overflow_event() -> bytes:
+    return sse_event(codec.error_body(
+        f"the client read the stream too slowly: more than {MAX_PENDING_BYTES} bytes of responses waited to be "
+        "sent; the request was cancelled"))
 
 
 def sse_event(doc_json: bytes) -> bytes:
@@ -106,7 +175,6 @@ async def stream_events(
     The first response is never held back for the next.
     """
     started = False
-    queue = responses.queue
     try:
         while True:
             response = await responses.get()
@@ -114,29 +182,38 @@ async def stream_events(
                 return  # client went away; the request is cancelled
             events = []
             size = 0
+            final = False
             while True:
-                if trace is not None and response.final:
+                if response is _OVERFLOW:
+                    events.append(_overflow_event())
+                    final = True
+                    break
+                final = response.final
+                if trace is not None and final:
                     trace.on_response(response)
                     trace.stamp("HTTP_SEND_START")
                 event = await _event(response, encode, decoupled)
                 if event:
                     events.append(event)
                     size += len(event)
-                if response.final or not started or size >= _JOIN_BYTES or queue.empty():
+                if final or not started or size >= _JOIN_BYTES:
                     break
-                response = queue.get_nowait()
-                if response is _DISCONNECTED:
+                response = responses.waiting()
+                if response is None:
                     return
+                if response is _EMPTY:
+                    break
             data = b"".join(events)
             if not started:  # (then `response` is the first one: it left alone)
                 started = True
-                status = 200 if response.error is None else status_for(response.error)
+                error = None if response is _OVERFLOW else response.error
+                status = 200 if error is None else status_for(error)
                 headers = [(b"content-type", SSE_CONTENT_TYPE), *extra_headers]
-                await start_stream(send, transport, status, headers, data, not response.final)
-                if response.final:
+                await start_stream(send, transport, status, headers, data, not final)
+                if final:
                     return
                 continue
-            if response.final:
+            if final:
                 await send({"type": "http.response.body", "body": data, "more_body": False})
                 return
             if data:
@@ -207,7 +284,8 @@ async def _generate(app, name: str, version: str, streaming: bool, scope, receiv
         return await encode_bounded(response, limit)
 
     request.trace = trace
-    responses = ResponseQueue(request)
+    responses = ResponseQueue(request, server.held_output, scope.get("kernel.transport")) if streaming \
+        else ResponseQueue(request)
     server.submit(request)
     responses.watch_disconnect(receive)
     if streaming:
@@ -215,13 +293,16 @@ async def _generate(app, name: str, version: str, streaming: bool, scope, receiv
                             transport=scope.get("kernel.transport"), trace=trace)
         return
     try:
-        chunks: list[InferResponse] = []
+        first: Optional[InferResponse] = None
+        count = 0  # responses with data; only the first is kept (more than one is an error)
         while True:
             response = await responses.get()
             if response is None:
                 return
             if not is_flag_only(response, model.decoupled):
-                chunks.append(response)
+                count += 1
+                if first is None:
+                    first = response
             if response.final:
                 if trace is not None:
                     trace.on_response(response)
@@ -229,7 +310,7 @@ async def _generate(app, name: str, version: str, streaming: bool, scope, receiv
                 break
     finally:
         responses.close()
-    if len(chunks) != 1:
+    if count != 1:
         # tritonserver 2.51's words; its status is 200 (the error only in the body), Kernel's 500:
         # a failed request must not read as a success (peer_checks/differences.py, generate-decoupled)
         await send_error(
@@ -239,7 +320,7 @@ async def _generate(app, name: str, version: str, streaming: bool, scope, receiv
             "that generates various number of responses",
         )
         return
-    response = chunks[0]
+    response = first
     if response.error is not None:
         await send_error(send, status_for(response.error), response.error.message)
         return
@@ -418,15 +499,17 @@ def _too_large(model: str, limit: int) -> KernelError:
 # ---- KServe v2 inference as an event stream (SageMaker /invocations-response-stream) ----
 
 
-async def handle_infer_stream(app, name: str, version: str, header_length: Optional[int], receive, send) -> None:
-    """Run a KServe v2 infer request and stream each response as an SSE event of KServe v2 JSON."""
+async def handle_infer_stream(app, name: str, version: str, header_length: Optional[int], receive, send,
+                              transport=None) -> None:
+    """Run a KServe v2 infer request and stream each response as an SSE event of KServe v2 JSON
+    (`transport`: the connection, scope["kernel.transport"])."""
     server = app.server
     model = server.model(name, version)
     body = await app.read_body(receive)
     if body is None:
         return
     request, _, _ = codec.parse_infer_request(body, header_length, name, version)
-    responses = ResponseQueue(request)
+    responses = ResponseQueue(request, server.held_output, transport)
     server.submit(request)
     responses.watch_disconnect(receive)
 
@@ -434,7 +517,7 @@ async def handle_infer_stream(app, name: str, version: str, header_length: Optio
         doc, _ = codec.encode_infer_response(response, False, {})
         return doc
 
-    await stream_events(responses, send, encode, model.decoupled)
+    await stream_events(responses, send, encode, model.decoupled, transport=transport)
 
 
 __all__ = [

@@ -209,7 +209,8 @@ class SageMakerApp:
             if header_length is None:
                 length = cloud.header(scope, cloud.IHCL)
                 header_length = int(length) if length is not None and length.isdigit() else None
-            await generate.handle_infer_stream(self.http_app, name, "", header_length, receive, send)
+            await generate.handle_infer_stream(self.http_app, name, "", header_length, receive, send,
+                                               transport=scope.get("kernel.transport"))
         else:
             action = "generate_stream" if stream or kind == "generate_stream" else "generate"
             await cloud.delegate(self.http_app, scope, receive, send, cloud.model_path(name, "", action), "POST")
