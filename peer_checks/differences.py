@@ -12,6 +12,8 @@ summary (so the lists stay true). Behaviour that cannot be put in the table beca
 
 from __future__ import annotations
 
+import os
+
 _CLIENT_ERRORS = (
     "Kernel answers a load the client got wrong with 400 / INVALID_ARGUMENT and the reason after "
     "': ' (Triton: 500 / INTERNAL, and the reason only in its log); decided in issue 14 (commit 866b229)"
@@ -139,6 +141,28 @@ DIFFERENCES: dict[str, str] = {
         "per level is the same. Clients read the compressed answers all the same; the native (default) and "
         "grpclib servers match Triton (peer_checks/test_grpc_compression_against_triton.py)",
 }
+
+
+def _several_fronts() -> bool:
+    """The check runs against several front processes (KERNEL_TEST_SERVE_ARGS="--front-processes N", N > 1)."""
+    words = os.environ.get("KERNEL_TEST_SERVE_ARGS", "").replace("=", " ").split()
+    for i, word in enumerate(words[:-1]):
+        if word == "--front-processes":
+            return words[i + 1] == "auto" or (words[i + 1].isdigit() and int(words[i + 1]) > 1)
+    return False
+
+
+if _several_fronts():
+    _MME_FRONTS = (
+        "with several front processes the SageMaker /models routes answer 400 naming SAGEMAKER_MULTI_MODEL=true "
+        "(which runs one front): which models they loaded would be known only to the front that loaded them "
+        "(tests/serve/test_front_processes.py::test_sagemaker_models_routes_are_refused_and_invocations_served_by_every_front)"
+    )
+    for _case in ("sagemaker-models-empty", "sagemaker-load", "sagemaker-models-listed", "sagemaker-model-described",
+                  "sagemaker-invoke", "sagemaker-invoke-bad-json", "sagemaker-invoke-wrong-dtype",
+                  "sagemaker-load-again", "sagemaker-model-unknown", "sagemaker-invoke-unknown",
+                  "sagemaker-unload-unknown", "sagemaker-load-missing-url"):
+        DIFFERENCES[_case] = _MME_FRONTS
 
 # case id -> what differs, and which part of Kernel owns the fix (not deliberate: to be fixed)
 OPEN: dict[str, str] = {

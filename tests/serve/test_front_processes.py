@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, TEST_MODELS, KernelProcess, children, running
+from conftest import EXAMPLES, TEST_MODELS, KernelProcess, children, free_ports, running
 from fronts_helpers import http_connection_to, wait_for_fronts
 
 SCHEDULING = TEST_MODELS / "scheduling"
@@ -328,3 +328,29 @@ def test_every_front_writes_its_traces_into_the_one_trace_file(tmp_path):
     traces = json.loads(trace_file.read_text())  # one valid JSON array, closed at shutdown
     ids = {t["id"] for t in traces}
     assert len(ids) == 6 and all(t.get("model_name") == "add_sub" for t in traces if "model_name" in t)
+
+
+def test_sagemaker_models_routes_are_refused_and_invocations_served_by_every_front():
+    """Which models SageMaker's /models routes loaded is kept by the front that loaded them: with
+    several fronts a load through one and an invoke through the other gave 404, a second load 200
+    (tritonserver: 409). Without SAGEMAKER_MULTI_MODEL=true (which runs one front) those routes are
+    refused on every front, naming the way to serve them; /invocations is served by every front."""
+    (port,) = free_ports(1)
+    k = KernelProcess([EXAMPLES], "--front-processes", "2", "--allow-sagemaker=true", f"--sagemaker-port={port}",
+                      env={"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "add_sub"})
+    try:
+        k.wait_ready()
+        pids = wait_for_fronts(k.proc.pid, 2)
+        body = {"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": A.tolist()},
+                           {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": B.tolist()}]}
+        for i in (1, 2):
+            conn = http_connection_to(port, i, pids)
+            status, doc = call(conn, "POST", "/models", {"model_name": "m", "url": "/nowhere"})
+            assert status == 400 and "SAGEMAKER_MULTI_MODEL=true" in doc["error"], doc
+            status, doc = call(conn, "GET", "/models")
+            assert status == 400 and "--front-processes" in doc["error"], doc
+            status, doc = call(conn, "POST", "/invocations", body)
+            assert status == 200 and doc["outputs"][0]["data"] == (A + B).tolist(), doc
+            conn.close()
+    finally:
+        k.stop()

@@ -34,7 +34,7 @@ from kernel.core.errors import ErrorCode, KernelError
 from kernel.transports.restrictions import Category
 from kernel.core.server import Server
 from kernel.transports.asgi import lifespan, send_error, send_json, send_status
-from kernel.transports import cloud
+from kernel.transports import cloud, listen
 from kernel.transports.http import generate
 from kernel.transports.asgi import status_for
 from kernel.transports.http.app import HttpApp
@@ -69,6 +69,11 @@ _OOM_MARKERS = (
 def is_out_of_resources(message: str) -> bool:
     low = message.lower()
     return "OOM" in message or any(m in low for m in _OOM_MARKERS)
+
+
+MODELS_ROUTES_NEED_ONE_FRONT = (
+    "the multi-model endpoint routes (/models) need SAGEMAKER_MULTI_MODEL=true, which Kernel serves with one "
+    "front process; this server runs several (--front-processes)")
 
 
 @dataclass
@@ -116,6 +121,10 @@ class SageMakerApp:
         self.model_name: Optional[str] = settings.default_model
         self.models: dict[str, _Loaded] = {}  # multi-model endpoint: name (hash) -> where it came from
         self._busy: set[str] = set()  # names being loaded or unloaded
+        # This process shares the port with other front processes (--front-processes): which models the
+        # /models routes loaded, and under which names, would be known only to the front that loaded them,
+        # so those routes are refused. SAGEMAKER_MULTI_MODEL=true runs one front process and serves them.
+        self.models_refusal: Optional[str] = MODELS_ROUTES_NEED_ONE_FRONT if listen.shared_ports else None
 
     # ---- start-up ----------------------------------------------------------------
 
@@ -171,6 +180,10 @@ class SageMakerApp:
                 await self._invocations(scope, receive, send, stream=True)
             elif _MODELS_ROUTE.fullmatch(path):
                 m = _MODELS_ROUTE.fullmatch(path)
+                if self.models_refusal is not None:
+                    await cloud.drain_body(receive)
+                    await send_error(send, 400, self.models_refusal)
+                    return
                 await self._models(m.group(1) or "", bool(m.group(2)), method, scope, receive, send)
             else:
                 await send_status(send, 400)  # tritonserver: 400, no body
