@@ -148,7 +148,11 @@ def _several_fronts() -> bool:
     words = os.environ.get("KERNEL_TEST_SERVE_ARGS", "").replace("=", " ").split()
     for i, word in enumerate(words[:-1]):
         if word == "--front-processes":
-            return words[i + 1] == "auto" or (words[i + 1].isdigit() and int(words[i + 1]) > 1)
+            if words[i + 1] == "auto":  # as many as `kernel serve` would start on this machine
+                from kernel.serve.fronts import count
+
+                return count.resolve("auto") > 1
+            return words[i + 1].isdigit() and int(words[i + 1]) > 1
     return False
 
 
