@@ -716,5 +716,8 @@ def test_options_from_command_line_namespace():
     assert opts.keepalive_permit_without_calls and opts.http2_max_pings_without_data == 0
     assert opts.infer_allocation_pool_size == 4 and not opts.ssl_enabled
     assert GrpcOptions.from_args(argparse.Namespace()) == GrpcOptions()
+    assert GrpcOptions.from_args(argparse.Namespace(grpc_stream_write_interval_ms=0.0)).stream_write_interval_ms == 0
     with pytest.raises(ValueError):
         GrpcOptions(keepalive_time_ms=0)
+    with pytest.raises(ValueError, match="--grpc-stream-write-interval-ms"):
+        GrpcOptions(stream_write_interval_ms=-1)

@@ -26,6 +26,7 @@ class GrpcStream(Stream):
         "encoding", "grpc_error_mode", "flush_scheduled", "trace", "started_ns", "metadata", "denied", "call",
         "reserved", "raws", "msg_view", "msg_filled", "msg_compressed", "trace_context", "out_encoding",
         "compressing", "out_queue", "compress_held", "inflating", "held_back", "end_pending",
+        "flush_timer", "last_write",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int):
@@ -61,3 +62,5 @@ class GrpcStream(Stream):
         self.inflating = None  # the future of a request message being inflated beside the loop
         self.held_back: list = []  # body chunks that arrived behind it (message_input._inflate)
         self.end_pending = False  # and whether the client ended its input meanwhile
+        self.flush_timer = None  # a ModelStreamInfer call's paced write, while one waits (native_server.py)
+        self.last_write = -1.0  # when the call last wrote (loop time)

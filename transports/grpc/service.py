@@ -414,7 +414,9 @@ class StreamSession:
     out what appears in `outbox` (serialized ModelStreamInferResponse
     messages) whenever `on_ready` is called. The call is
     over when `finished` is true and the outbox is empty; `error` then says
-    whether it ends with a non-OK status.
+    whether it ends with a non-OK status. `urgent` says that what waits
+    includes something a binding that paces its writes must not hold back:
+    a request's first or last response, an error, the end of the call.
 
     Responses leave in the order Triton writes them: responses to ordinary
     models in the order their requests arrived, responses from decoupled
@@ -437,6 +439,7 @@ class StreamSession:
         self.inflight: dict[int, InferRequest] = {}
         self.reading_done = False
         self.error: Optional[StreamError] = None
+        self.urgent = False
         self._ids = 0
         service.sessions.add(self)
 
@@ -447,6 +450,7 @@ class StreamSession:
     def end_of_input(self) -> None:
         self.reading_done = True
         self._closed_if_finished()
+        self.urgent = True
         self.on_ready()
 
     def fail(self, code: int, message: str) -> None:
@@ -454,6 +458,7 @@ class StreamSession:
         if self.error is None:
             self.error = StreamError(code, message)
         self.cancel()
+        self.urgent = True
         self.on_ready()
 
     def cancel(self) -> None:
@@ -518,8 +523,10 @@ class StreamSession:
     def _responder(self, key: int, request: InferRequest, version: str, decoupled: bool, empty_final: bool, slot):
         request_id = request.id
         model_name = request.model_name
+        first = True
 
         def on_response(response: InferResponse) -> None:
+            nonlocal first
             final = response.final
             if final:
                 self.inflight.pop(key, None)
@@ -533,6 +540,7 @@ class StreamSession:
                 # FINAL flag (or an error after it) must not replace it, even while it waits
                 # behind an earlier request's answer.
                 self._closed_if_finished()
+                self.urgent = True
                 self.on_ready()
                 return
             error = response.error
@@ -545,16 +553,21 @@ class StreamSession:
                 # The model only closed the response stream (FINAL flag, no data).
                 if not empty_final:
                     self._closed_if_finished()
+                    self.urgent = True
                     self.on_ready()
                     return
                 out = codec.stream_empty_final(request_id, model_name, version)
             else:
                 out = codec.stream_response(response, final)
-            self._deliver(out, slot)
+            urgent = first or final or error is not None
+            first = False
+            self._deliver(out, slot, urgent)
 
         return on_response
 
-    def _deliver(self, out, slot) -> None:
+    def _deliver(self, out, slot, urgent: bool = True) -> None:
+        if urgent:
+            self.urgent = True
         if slot is None:
             self.outbox.append(out)
         else:

@@ -83,6 +83,10 @@ class GrpcOptions:
     # applies it to the answers of every RPC (grpcio_server.py); the other servers, as
     # tritonserver, to ModelInfer and ModelStreamInfer answers only.
     infer_response_compression_level: str = "none"
+    # Kernel only (its own server). After a ModelStreamInfer call's write, the responses that follow
+    # within this many milliseconds leave together when it has passed (native_server.py says why);
+    # a request's first and last responses never wait. 0: each loop turn's responses at once.
+    stream_write_interval_ms: float = 1.0
 
     def __post_init__(self) -> None:
         if self.server_library not in SERVER_LIBRARIES:
@@ -102,6 +106,8 @@ class GrpcOptions:
                 raise ValueError(f"{flag} must be positive")
         if self.max_message_size <= 0 or self.max_decompressed_size <= 0 or self.max_buffered_per_connection <= 0:
             raise ValueError("the gRPC message size limits must be positive")
+        if not 0 <= self.stream_write_interval_ms <= 1000:
+            raise ValueError("--grpc-stream-write-interval-ms must be between 0 and 1000")
         if self.infer_allocation_pool_size < 0:
             raise ValueError("--grpc-infer-allocation-pool-size must be >= 0")
         if self.header_forward_pattern:
@@ -148,6 +154,7 @@ class GrpcOptions:
             "server_library": "grpc_server",
             "header_forward_pattern": "grpc_header_forward_pattern",
             "infer_response_compression_level": "grpc_infer_response_compression_level",
+            "stream_write_interval_ms": "grpc_stream_write_interval_ms",
         }
         values = {}
         for field, attr in names.items():
