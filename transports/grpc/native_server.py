@@ -366,6 +366,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
             return
         session = s.session
         session.urgent = False
+        session.waiting = 0  # the outbox is emptied below
         s.last_write = self.loop.time()
         outbox = session.outbox
         if s.out_encoding is not None:

@@ -374,6 +374,7 @@ async def drive_stream(
         while True:
             while outbox:
                 await send(Serialized(outbox.popleft()))
+            session.waiting = 0
             if session.finished or read_error is not None:
                 break
             wake = loop.create_future()
@@ -406,6 +407,9 @@ def _end_stream_trace(request: InferRequest, response: InferResponse) -> None:
     trace.release()
 
 
+URGENT_BYTES = 256 * 1024
+
+
 class StreamSession:
     """One ModelStreamInfer call, driven by whichever server library carries it.
 
@@ -416,7 +420,9 @@ class StreamSession:
     over when `finished` is true and the outbox is empty; `error` then says
     whether it ends with a non-OK status. `urgent` says that what waits
     includes something a binding that paces its writes must not hold back:
-    a request's first or last response, an error, the end of the call.
+    a request's first or last response, an error, the end of the call, or
+    URGENT_BYTES of responses (a write's worth: pacing saves wake-ups, it
+    must not become a buffer).
 
     Responses leave in the order Triton writes them: responses to ordinary
     models in the order their requests arrived, responses from decoupled
@@ -440,6 +446,7 @@ class StreamSession:
         self.reading_done = False
         self.error: Optional[StreamError] = None
         self.urgent = False
+        self.waiting = 0  # bytes put in the outbox since the binding last emptied it
         self._ids = 0
         service.sessions.add(self)
 
@@ -566,15 +573,18 @@ class StreamSession:
         return on_response
 
     def _deliver(self, out, slot, urgent: bool = True) -> None:
-        if urgent:
-            self.urgent = True
         if slot is None:
             self.outbox.append(out)
+            self.waiting += len(out)
         else:
             slot[0] = out
             ordered = self.ordered
             while ordered and ordered[0][0] is not None:
-                self.outbox.append(ordered.popleft()[0])
+                message = ordered.popleft()[0]
+                self.outbox.append(message)
+                self.waiting += len(message)
+        if urgent or self.waiting >= URGENT_BYTES:
+            self.urgent = True
         self._closed_if_finished()
         self.on_ready()
 
