@@ -18,6 +18,13 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+
+# Tests stop servers with Ctrl-C (SIGINT) as a user at a terminal does. A run started in the
+# background of a shell without job control (`(make test &)`, nohup) inherits SIGINT ignored, and
+# so would every server it starts: none would stop, each test would wait and kill it. Children of
+# a process with a handler start with the default action, as under a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 EXAMPLES = ROOT / "model_repo_examples"
 TEST_MODELS = Path(__file__).resolve().parent / "models"
 

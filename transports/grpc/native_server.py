@@ -326,19 +326,10 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
             self._reply(s, [body], len(body))
 
     def _session_ready(self, s: GrpcStream) -> None:
-        """The session has something to write: at the end of this loop iteration (what it produced
-        meanwhile joins the write), or, paced when the call wrote less than the write interval ago,
-        one interval from now, with everything that comes meanwhile.
-
-        Why pace: a model can stream far faster than a gRPC client takes messages (tiny_lm: a token
-        every ~25 us). Writing each loop turn's few responses costs a write here and a wake-up of
-        every thread of the client's gRPC stack per write; measured at c=1 on 2 cores with
-        tritonclient.grpc.aio, 56-74 writes per 128-token answer, and those wake-ups took the
-        cores from the next request's first token. Paced at 1 ms: ~7 writes, first token (median,
-        interleaved with Triton) 2.13 -> 1.37 ms, tokens/s about +15 % (benchmarks/results/
-        generative.md). A request's first and last responses, errors and the end of the call are
-        never held (`session.urgent`), and a model that streams slower than the interval is never
-        held at all: each response leaves as it comes.
+        """Write at the end of this loop turn, or, when the call wrote less than the write interval
+        ago, one interval from now with all that comes meanwhile (never what is `session.urgent`).
+        Each write wakes every thread of a gRPC client's stack: a 128-token answer of tiny_lm took
+        56-74 writes, ~7 paced, and the c=1 first token went 2.13 -> 1.37 ms (ARCHITECTURE.md).
         """
         if s.closed or s.trailers is not None:
             return
