@@ -44,6 +44,7 @@ from kernel.transports.grpc.wire import (
 )
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, UNARY_RPCS, InferenceService, Serialized
+from kernel.transports.grpc.stream_pacing import StreamPacingMixin
 
 log = logging.getLogger("kernel.grpc")
 
@@ -65,7 +66,7 @@ def method_table(service: InferenceService) -> dict[bytes, tuple]:
     return table
 
 
-class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
+class GrpcConnection(MessageInputMixin, CompressedOutputMixin, StreamPacingMixin, Http2Connection):
     """GRPCInferenceService calls over one HTTP/2 connection."""
 
     stream_type = GrpcStream
@@ -325,34 +326,9 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
             body = task.result().SerializeToString()
             self._reply(s, [body], len(body))
 
-    def _session_ready(self, s: GrpcStream) -> None:
-        """Write at the end of this loop turn, or, when the call wrote less than the write interval
-        ago, one interval from now with all that comes meanwhile (never what is `session.urgent`).
-        Each write wakes every thread of a gRPC client's stack: a 128-token answer of tiny_lm took
-        56-74 writes, ~7 paced, and the c=1 first token went 2.13 -> 1.37 ms (ARCHITECTURE.md).
-        """
-        if s.closed or s.trailers is not None:
-            return
-        session = s.session
-        if s.flush_scheduled:
-            timer = s.flush_timer
-            if timer is not None and session.urgent:  # held: goes now, with the urgent response
-                timer.cancel()
-                s.flush_timer = None
-                self.loop.call_soon(self._flush_session, s)
-            return
-        s.flush_scheduled = True
-        interval = self.stream_write_interval
-        if interval and not session.urgent and self.loop.time() - s.last_write < interval:
-            # A whole interval, not what is left of it: the loop's timers have millisecond
-            # resolution (uvloop runs a shorter one at the next turn, which would not pace at all).
-            s.flush_timer = self.loop.call_later(interval, self._flush_session, s)
-            return
-        self.loop.call_soon(self._flush_session, s)
-
     def _flush_session(self, s: GrpcStream) -> None:
         s.flush_scheduled = False
-        s.flush_timer = None
+        self.unpace(s)  # (when it was held and compressed_output.py calls it now)
         if s.closed or s.trailers is not None:
             return
         session = s.session
@@ -511,9 +487,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, Http2Connection):
         if s.timer is not None:
             s.timer.cancel()
             s.timer = None
-        if s.flush_timer is not None:
-            s.flush_timer.cancel()
-            s.flush_timer = None
+        self.unpace(s)
         request = s.request
         if request is not None:
             s.request = None

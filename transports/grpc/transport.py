@@ -84,7 +84,7 @@ class GrpcOptions:
     # tritonserver, to ModelInfer and ModelStreamInfer answers only.
     infer_response_compression_level: str = "none"
     # Kernel only (its own server). After a ModelStreamInfer call's write, the responses that follow
-    # within this many milliseconds leave together when it has passed (native_server.py says why);
+    # within this many milliseconds leave together one interval later (stream_pacing.py says why);
     # a request's first and last responses never wait. 0: each loop turn's responses at once.
     stream_write_interval_ms: float = 1.0
 
