@@ -332,8 +332,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, StreamPacingMixin
         if s.closed or s.trailers is not None:
             return
         session = s.session
-        session.urgent = False
-        session.waiting = 0  # the outbox is emptied below
+        session.sent()  # (the outbox is emptied below)
         s.last_write = self.loop.time()
         outbox = session.outbox
         if s.out_encoding is not None:

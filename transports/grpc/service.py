@@ -374,7 +374,7 @@ async def drive_stream(
         while True:
             while outbox:
                 await send(Serialized(outbox.popleft()))
-            session.waiting = 0
+            session.sent()
             if session.finished or read_error is not None:
                 break
             wake = loop.create_future()
@@ -456,6 +456,10 @@ class StreamSession:
 
     def end_of_input(self) -> None:
         self.reading_done = True
+        self._wake_now()
+
+    def _wake_now(self) -> None:
+        """A request or the call ended: the binding writes what waits at once (it may end the call)."""
         self._closed_if_finished()
         self.urgent = True
         self.on_ready()
@@ -467,6 +471,11 @@ class StreamSession:
         self.cancel()
         self.urgent = True
         self.on_ready()
+
+    def sent(self) -> None:
+        """The binding took everything in the outbox: nothing urgent waits any more."""
+        self.urgent = False
+        self.waiting = 0
 
     def cancel(self) -> None:
         """The client went away or the call ended early: cancel what is still running."""
@@ -546,9 +555,7 @@ class StreamSession:
                 # stream writes it: a model that sent its response with flags 0 and then only the
                 # FINAL flag (or an error after it) must not replace it, even while it waits
                 # behind an earlier request's answer.
-                self._closed_if_finished()
-                self.urgent = True
-                self.on_ready()
+                self._wake_now()
                 return
             error = response.error
             if error is not None:
@@ -559,9 +566,7 @@ class StreamSession:
             elif decoupled and final and not response.outputs and not response.parameters:
                 # The model only closed the response stream (FINAL flag, no data).
                 if not empty_final:
-                    self._closed_if_finished()
-                    self.urgent = True
-                    self.on_ready()
+                    self._wake_now()
                     return
                 out = codec.stream_empty_final(request_id, model_name, version)
             else:
