@@ -225,8 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--grpc-server", type=choice("--grpc-server", ("native", "grpclib", "grpcio")), default=None,
       metavar="{native,grpclib,grpcio}", help="Kernel only: the gRPC server implementation (default: native)")
     a("--grpc-stream-write-interval-ms", type=parse_float, default=1.0, metavar="<ms>",
-      help="Kernel only: a ModelStreamInfer call's responses that follow a write within this many milliseconds "
-           "leave together once it has passed; a request's first and last responses never wait (0: off)")
+      help="Kernel only: a ModelStreamInfer call's response that comes within this many milliseconds of its last "
+           "write waits that long, joined by those that follow, and they leave in one write; a request's first "
+           "and last responses never wait (0: off)")
 
     a = flag_adder(g["Sagemaker"])
     a("--allow-sagemaker", type=parse_bool, default=False,
