@@ -51,17 +51,13 @@ serve: $(RUNTIME_STAMP)
 
 # Then the client-facing suites again, every server with two front processes (issue 32): to a
 # client several fronts must be one server. Left out there: what is per front by design (the local
-# response cache's hits, one "Redis unavailable" line per front), what keeps one front (hypercorn),
-# SageMaker's /models routes without SAGEMAKER_MULTI_MODEL (refused with several fronts: test_front_processes.py),
-# and two requests sent together to a model with a 600 ms queue delay expected in one batch: when they
-# land on two fronts more than the worker's 2 ms merge window apart they run as two (1 run in 3 here;
-# backends/python/worker_merge.py; cross-front batching itself: test_front_processes.py).
+# response cache's hits, one "Redis unavailable" line per front), what keeps one front (hypercorn)
+# and SageMaker's /models routes without SAGEMAKER_MULTI_MODEL (refused with several fronts: test_front_processes.py).
 FRONTS_TESTS ?= tests/core tests/transports tests/loading
 FRONTS_SKIP := --deselect tests/core/test_cache_key.py --deselect tests/core/test_response_cache.py \
   --deselect tests/core/test_redis_cache.py::test_redis_killed_mid_load_fails_no_request \
   --deselect tests/transports/test_http_infer.py::test_hypercorn_serves_the_same_api \
-  --deselect tests/transports/test_sagemaker.py::test_multi_model_routes_without_multi_model_mode \
-  --deselect tests/core/test_dynamic_batching.py::test_queue_delay_is_honoured
+  --deselect tests/transports/test_sagemaker.py::test_multi_model_routes_without_multi_model_mode
 
 test: $(TEST_STAMP) redis-server
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -115,6 +115,27 @@ class InlineChannel(MessageChannel):
                 self._pump(step)
             return True
 
+    def read_ready(self) -> None:
+        """Dispatch what already waits in the socket, now, on the loop's thread (direct mode off).
+
+        The loop would read it at its next poll, but not necessarily all sockets in the same turn:
+        a caller about to act on what every peer has sent (worker_merge.py) reads it first. The end
+        of the connection is left to the transport, which sees it too.
+        """
+        with self.lock:
+            if self.direct or self.closed:
+                return
+            while True:
+                try:
+                    data = self._sock.recv(_READ_SIZE)
+                except (BlockingIOError, OSError):
+                    return
+                if not data:
+                    return
+                self.data_received(data)
+                if len(data) < _READ_SIZE:
+                    return
+
     def _pump(self, timeout: float) -> None:
         if self._pending:
             self._dispatch()

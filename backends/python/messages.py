@@ -143,6 +143,13 @@ class Usage(msgspec.Struct, tag="usage", array_like=True):
     key: int
 
 
+class Gathered(msgspec.Struct, tag="gathered", array_like=True):
+    """Front -> worker, the answer to Gather(round): what this front queued for the model (its Execute,
+    if any) was sent before this, on the same link."""
+
+    round: int
+
+
 class DeviceRelease(msgspec.Struct, tag="device_release", array_like=True):
     """GPU tensors (Tensor.token) the sender is done with; both directions.
 
@@ -223,6 +230,14 @@ class Board(msgspec.Struct, tag="board", array_like=True):
     """The worker's load board (board.py): a memfd of `size` bytes, its fd on the fd channel."""
 
     size: int
+
+
+class Gather(msgspec.Struct, tag="gather", array_like=True):
+    """Worker -> every front: a batch with a queue delay waits to run and has room for `room` more;
+    send what you queued for this model now (worker_merge.py). Answered with Gathered(round)."""
+
+    round: int
+    room: int
 
 
 class UsageReport(msgspec.Struct, tag="usage_report", array_like=True):
@@ -334,11 +349,11 @@ class SegmentRemoved(msgspec.Struct, tag="segment_removed", array_like=True):
 
 ToWorker = Union[
     Initialize, Execute, Cancel, Release, Shutdown, SegmentAdded, SegmentRemoved, BlsResponses, CheckReady, MetricReply,
-    SetLog, ModelControlResult, DeviceRelease, DeviceUnmap, LinkAdded, Usage,
+    SetLog, ModelControlResult, DeviceRelease, DeviceUnmap, LinkAdded, Usage, Gathered,
 ]
 ToFront = Union[
     Started, Ready, Responses, Finalized, SegmentAdded, SegmentRemoved, BlsRequest, BlsCancel, Release, ReadyResult,
-    MetricOps, ModelControl, DeviceRelease, Board, UsageReport,
+    MetricOps, ModelControl, DeviceRelease, Board, UsageReport, Gather,
 ]
 
 

@@ -309,6 +309,16 @@ class RequestPath(BackendInstance):
             if self._board is not None:
                 self._board.close()
             self._board = BoardView(fds[0], msg.size)
+        elif type(msg) is messages.Gather:
+            # The worker has another front's batch waiting, with room: what this front's scheduler
+            # queued goes now (its Execute first, then the answer, in this order on the link).
+            hook = self.on_gather
+            if hook is not None and self.healthy:
+                hook(self, msg.room)
+            try:
+                self.channel.send(messages.Gathered(msg.round))
+            except ConnectionError:
+                pass  # (the worker is gone: its loss is handled where the channel closes)
         elif type(msg) is messages.UsageReport:
             fut = self._ready_checks.get(msg.key)
             if fut is not None and not fut.done():

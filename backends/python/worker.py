@@ -173,6 +173,9 @@ class Worker(InlineWaits, ExecuteResults):
             self.execute(msg.requests, msg.trace_key)
         elif kind is messages.Cancel:
             self.cancel(msg.key)
+        elif kind is messages.Gathered:
+            if self.merger is not None:
+                self.merger.gathered(msg.round)
         elif kind is messages.BlsResponses:
             self.bls.on_responses(msg.responses)
         elif kind is messages.ModelControlResult:

@@ -216,6 +216,9 @@ class WorkerLinks:
             worker.execute(msg.requests, msg.trace_key, link)
         elif kind is messages.Cancel:
             worker.cancel(msg.key | link.tag)
+        elif kind is messages.Gathered:
+            if worker.merger is not None:
+                worker.merger.gathered(msg.round)
         elif kind is messages.Release:
             held = link.held
             for region in msg.regions:
@@ -334,6 +337,28 @@ class WorkerLinks:
     def hold(self, on: bool) -> None:
         for link in self.by_serial.values():
             link.channel.set_direct_reads(on)
+
+    def gather(self, round_: int, room: int) -> int:
+        """Ask every front, the primary's included, for what it queued (worker_merge.py); how many were asked."""
+        ask = messages.Gather(round_, room)
+        asked = 0
+        channels = [self.worker.channel]
+        channels.extend(link.channel for link in self.by_serial.values()
+                        if not link.closed and link.channel is not None and link.channel.transport is not None)
+        for channel in channels:
+            try:
+                channel.send(ask)
+            except (ConnectionError, OSError):
+                continue
+            asked += 1
+        return asked
+
+    def read_ready(self) -> None:
+        """Dispatch what every front, the primary's included, has sent already (the loop's thread)."""
+        self.worker.channel.read_ready()
+        for link in list(self.by_serial.values()):
+            if not link.closed and link.channel is not None:
+                link.channel.read_ready()
 
     def poll(self) -> None:
         """Dispatch what every link's front sent already (a Cancel, say), without waiting."""

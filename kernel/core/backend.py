@@ -39,6 +39,12 @@ class BackendInstance(abc.ABC):
     #: take more work (an execution finished, its pending work was failed, it
     #: (re)started). Backends call notify_available() at those points.
     on_available: Optional[Callable[["BackendInstance"], None]] = None
+    #: Set by a dynamic batcher: called with the instance and a batch size when the instance is
+    #: shared (below) and about to run a batch that has room for that many more. Another process's
+    #: batch is waiting for what this process queued: the scheduler hands over what it has, at once,
+    #: whatever its queue delay, so that requests that came through different processes batch as one
+    #: queue would batch them (kernel.backends.python.worker_merge).
+    on_gather: Optional[Callable[["BackendInstance", int], None]] = None
     #: Set by the core after load: the model version's kernel.core.stats.ModelStats.
     #: Backends report each finished execution into it (record_execution).
     stats: Any = None

@@ -90,14 +90,20 @@ class TritonPythonModel:
 
 # Dynamically batched: BS (one per request) is how many requests the execute() call ran.
 BATCHED = '''
-import json, time
+import json, os, time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
     def execute(self, requests):
-        time.sleep(max(float(json.loads(r.parameters()).get("sleep", 0)) for r in requests))
+        for r in requests:
+            gate = json.loads(r.parameters()).get("gate")
+            if gate:  # say it started, then hold the worker until the test opens the gate
+                open(gate + ".started", "w").close()
+                deadline = time.monotonic() + 30
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.002)
         n = np.array([[len(requests)]], dtype=np.int32)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy() * 2),
                                             pb_utils.Tensor("BS", n)]) for r in requests]
@@ -372,6 +378,37 @@ def test_worker_killed_fails_every_link_then_links_serve_the_restarted_worker(tm
     asyncio.run(main())
 
 
+def test_a_batch_with_a_queue_delay_asks_every_front_for_what_it_queued(tmp_path):
+    """Link 1's batch (its front waited out the 600 ms delay) reaches an idle worker with room: the
+    worker asks every front (Gather), link 2's scheduler hands over the request it holds, and both
+    run in one execute(), as one queue would have run them."""
+    config = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 600000},
+              "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [4]}]}
+
+    async def main():
+        async with trio(tmp_path, "batched", BATCHED, config) as (worker, one, two):
+            def x(v):
+                return fp32("X", np.full((1, 4), v, dtype=np.float32))
+
+            held, held_done = request("batched", [x(3)])
+            asked = []
+
+            def hand_over(inst, room):  # what a DynamicBatcher does (kernel.core.scheduling.dynamic)
+                asked.append((inst, room))
+                if inst is two:
+                    inst.submit([held])
+
+            worker.on_gather = one.on_gather = two.on_gather = hand_over
+            a = await infer(one, [x(2)])
+            b = await asyncio.wait_for(held_done, 30)
+            assert sorted(id(inst) for inst, _ in asked) == sorted(map(id, (worker, one, two)))  # each front, once
+            assert {room for _, room in asked} == {7}
+            assert a.outputs[1].as_numpy().tolist() == [[2]] and b.outputs[1].as_numpy().tolist() == [[2]]
+            assert b.outputs[0].as_numpy().tolist() == [[6.0] * 4]
+
+    asyncio.run(main())
+
+
 def test_the_load_board_counts_every_fronts_requests(tmp_path):
     async def main():
         async with trio(tmp_path) as (worker, one, two):
@@ -447,11 +484,15 @@ def test_waiting_executes_from_two_links_run_as_one_batch(tmp_path):
             def x(v):
                 return fp32("X", np.full((1, 4), v, dtype=np.float32))
 
-            # The primary's batch holds the worker for a while; link 1's and link 2's arrive meanwhile.
-            first = asyncio.ensure_future(infer(worker, [x(1)], {"sleep": 0.5}))
-            await asyncio.sleep(0.2)
+            # The primary's batch holds the worker until both of link 1's and link 2's Executes wait
+            # in their sockets (no fixed sleeps: a busy machine once delayed one past a 0.3 s margin).
+            gate = tmp_path / "gate"
+            first = asyncio.ensure_future(infer(worker, [x(1)], {"gate": str(gate)}))
+            await settle(lambda: (tmp_path / "gate.started").exists())
             a = asyncio.ensure_future(infer(one, [x(2)]))
             b = asyncio.ensure_future(infer(two, [x(3)]))
+            await asyncio.sleep(0.05)  # both submitted and written (this loop ran them)
+            gate.touch()
             first, a, b = await asyncio.gather(first, a, b)
             assert first.outputs[1].as_numpy().tolist() == [[1]]
             for response, v in ((a, 2), (b, 3)):

@@ -271,6 +271,26 @@ async def test_batcher_respects_max_batch_size_and_preferred_sizes():
     batcher.close()
 
 
+async def test_a_gathering_instance_gets_what_is_queued_at_once_within_its_room():
+    """Another front's batch waits in a shared instance's worker with room for 3: what this front
+    queued goes now, the 10 s delay or not, at most 3 rows (kernel.core.backend.BackendInstance.on_gather)."""
+    from kernel.core.scheduling.dynamic import DynamicBatcher
+
+    model = _model(_BATCH_CFG % "preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 10000000")
+    inst = _FakeInstance()
+    batcher = DynamicBatcher(model, [inst])
+    for _ in range(5):
+        batcher.enqueue(_request())
+    await asyncio.sleep(0)
+    assert inst.batches == []  # waiting for the delay or a batch of 8
+    inst.on_gather(inst, 3)
+    assert [len(b) for b in inst.batches] == [3]
+    assert batcher.pending_count() == 2
+    inst.on_gather(inst, 0)  # no room: nothing
+    assert [len(b) for b in inst.batches] == [3] and batcher.pending_count() == 2
+    batcher.close()
+
+
 async def test_batcher_counts_rows_against_max_batch_size():
     from kernel.core.scheduling.dynamic import DynamicBatcher
 

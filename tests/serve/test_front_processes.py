@@ -311,6 +311,36 @@ def test_a_batch_forms_from_requests_of_different_fronts(three):
         c.close()
 
 
+def test_requests_on_different_fronts_within_the_queue_delay_run_as_one_batch(three):
+    """dyn_delay holds requests up to 600 ms for a batch of 4. Two requests 150 ms apart through two
+    fronts: one queue would run them together when the first one's delay is up, and so do several
+    fronts (the worker asks every front for what it queued before it runs a batch that is not full).
+    Before, each front held its own for the delay: two batches of 1, 150 ms apart."""
+    pids = wait_for_fronts(three.proc.pid, 3)
+    conns = {i: http_connection_to(three.http_port, i, pids) for i in (1, 2)}
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": A.tolist()},
+                       {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": B.tolist()}]}
+    seen: dict[int, tuple[int, float]] = {}
+
+    def send(i: int) -> None:
+        start = time.monotonic()
+        status, doc = call(conns[i], "POST", "/v2/models/dyn_delay/infer", body)
+        assert status == 200, doc
+        seen[i] = ({o["name"]: o["data"] for o in doc["outputs"]}["BATCH"][0], time.monotonic() - start)
+
+    first = threading.Thread(target=send, args=(1,))
+    first.start()
+    time.sleep(0.15)
+    second = threading.Thread(target=send, args=(2,))
+    second.start()
+    for t in (first, second):
+        t.join(30)
+    assert seen[1][0] == 2 and seen[2][0] == 2, seen
+    assert seen[1][1] >= 0.55  # the delay is still honoured: the batch ran when the first had waited it out
+    for c in conns.values():
+        c.close()
+
+
 def test_every_front_writes_its_traces_into_the_one_trace_file(tmp_path):
     trace_file = tmp_path / "trace.json"
     k = KernelProcess([EXAMPLES], "--front-processes", "2", "--trace-config", f"triton,file={trace_file}",

@@ -144,6 +144,7 @@ class DynamicBatcher:
         self._loop = asyncio.get_event_loop()
         for inst in instances:
             inst.on_available = self._on_available
+            inst.on_gather = self._on_gather
 
     # ---- the core's scheduler interface ----------------------------------------
 
@@ -232,19 +233,34 @@ class DynamicBatcher:
                 if wait_ns > 0:
                     self._arm_delay(wait_ns)
                 return
-            batch = []
-            for dq, k in takes:
-                for _ in range(k):
-                    batch.append(dq.popleft().request)
-            self.queued -= len(batch)
-            if self._orderer is not None:
-                self._orderer.track(batch)
-            inst.submit(batch)
+            inst.submit(self._take(takes))
 
-    def _form_batch(self, now: int, slack_ns: int):
-        """Pick the next batch: ([(deque, count), ...], 0), or (None, ns to wait)."""
-        max_bs = self.max_batch_size
-        max_pref = self.max_preferred
+    def _on_gather(self, inst, room: int) -> None:
+        """A shared instance is about to run another process's batch with room for `room` more:
+        what this process queued goes with it now, its delay waited out or not (one queue would
+        have put it in that batch)."""
+        if not self.queued or not inst.healthy or room <= 0:
+            return
+        now = st.now_ns()
+        takes, _ = self._form_batch(now, self.delay_ns, min(room, self.max_batch_size))
+        if takes is not None:
+            inst.submit(self._take(takes))
+
+    def _take(self, takes) -> list:
+        batch = []
+        for dq, k in takes:
+            for _ in range(k):
+                batch.append(dq.popleft().request)
+        self.queued -= len(batch)
+        if self._orderer is not None:
+            self._orderer.track(batch)
+        return batch
+
+    def _form_batch(self, now: int, slack_ns: int, max_bs: int = 0):
+        """Pick the next batch: ([(deque, count), ...], 0), or (None, ns to wait). At most max_bs
+        (the model's max_batch_size when 0); a slack of the whole delay takes what there is."""
+        max_bs = max_bs or self.max_batch_size
+        max_pref = min(self.max_preferred, max_bs)
         preferred = self.preferred
         signature = self.signature is not None
         takes: list = []
