@@ -8,6 +8,8 @@ puts one there (tests/fronts_helpers.py reads which front holds it from /proc).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -339,6 +341,32 @@ def test_requests_on_different_fronts_within_the_queue_delay_run_as_one_batch(th
     assert seen[1][1] >= 0.55  # the delay is still honoured: the batch ran when the first had waited it out
     for c in conns.values():
         c.close()
+
+
+def test_a_front_that_never_answers_holds_another_fronts_batch_no_longer_than_the_window():
+    """The worker asks every front for what it queued before a batch runs; a front that is stopped
+    (SIGSTOP: it never answers) must not hold front 1's request past its delay and the 2 ms bound."""
+    k = KernelProcess([SCHEDULING / "batching"], "--front-processes", "2")
+    try:
+        k.wait_ready()
+        pids = wait_for_fronts(k.proc.pid, 2)
+        conn = http_connection_to(k.http_port, 1, pids)
+        body = {"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32", "data": A.tolist()},
+                           {"name": "INPUT1", "shape": [1, 4], "datatype": "FP32", "data": B.tolist()}]}
+        other = next(pid for pid, index in pids.items() if index == 2)
+        os.kill(other, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            status, doc = call(conn, "POST", "/v2/models/dyn_delay/infer", body)
+            took = time.monotonic() - start
+        finally:
+            os.kill(other, signal.SIGCONT)
+        assert status == 200, doc
+        assert {o["name"]: o["data"] for o in doc["outputs"]}["BATCH"][0] == 1
+        assert 0.55 <= took < 1.1, took  # the 600 ms delay, not a wait for the stopped front
+        conn.close()
+    finally:
+        k.stop()
 
 
 def test_every_front_writes_its_traces_into_the_one_trace_file(tmp_path):
