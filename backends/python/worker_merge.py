@@ -21,9 +21,9 @@ nothing changes for it.
 A model with a queue delay (max_queue_delay_microseconds, 1 ms or more) gathers before it runs a
 batch that is not full: each front held its requests for the delay from their own arrival, so a
 request that reached another front 100 ms later would still sit in that front's queue, where one
-queue would have put it in this batch. The worker asks every front (messages.Gather, with the room left); each
-front's batcher hands over what it queued, delay or not (kernel.core.scheduling.dynamic), and
-answers Gathered after it on the same link. The batch runs once every front has answered (a
+queue would have put it in this batch. The worker asks every front (messages.Gather, with the
+room left); each front's batcher hands over what it queued, delay or not
+(kernel.core.scheduling.dynamic), and answers Gathered after it on the same link. The batch runs once every front has answered (a
 fraction of a millisecond when their loops are free), or after WINDOW_S (at most the delay): what a
 lone batch pays on top. A shorter delay only waits its length (at most a timer tick) for the
 fronts' batches: see GATHER_FROM_S.
@@ -133,7 +133,7 @@ class Merger:
                 self.worker.links.read_ready()
             finally:
                 self._scheduled = False
-        if not self.waiting:
+        if self.running or not self.waiting:
             return
         if self.window_s and not self._waited:
             fits = self._fits()
@@ -169,15 +169,16 @@ class Merger:
         else:
             worker._execute_sync(batch.requests, batch)
 
-
     def gathered(self, round_: int) -> None:
         """A front answered Gather(round_): its Execute, if it had one, came before and waits here."""
         if round_ != self._round or self._hold is None:
             return  # (an earlier round's, answered after its wait ended)
         self._unanswered -= 1
-        if self._unanswered <= 0:
+        if self._unanswered <= 0:  # (run from the loop, never from inside _run's reading)
             self._hold.cancel()
-            self._waited_enough()
+            self._hold = None
+            self._waited = True
+            self._schedule()
 
     def _waited_enough(self) -> None:
         self._hold = None
