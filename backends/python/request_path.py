@@ -313,7 +313,7 @@ class RequestPath(BackendInstance):
             # The worker has another front's batch waiting, with room: what this front's scheduler
             # queued goes now (its Execute first, then the answer, in this order on the link).
             hook = self.on_gather
-            if hook is not None and self.healthy:
+            if hook is not None:
                 hook(self, msg.room)
             try:
                 self.channel.send(messages.Gathered(msg.round))

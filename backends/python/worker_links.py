@@ -338,14 +338,17 @@ class WorkerLinks:
         for link in self.by_serial.values():
             link.channel.set_direct_reads(on)
 
+    def _front_channels(self) -> list:
+        """The channel of every front, the primary's first, whose link is not closed."""
+        return [self.worker.channel, *(link.channel for link in self.by_serial.values()
+                                       if not link.closed and link.channel is not None)]
+
     def gather(self, round_: int, room: int) -> int:
-        """Ask every front, the primary's included, for what it queued (worker_merge.py); how many were asked."""
+        """Ask every front for what it queued (worker_merge.py); how many were asked (a link not yet
+        connected refuses the send, as a closing one does)."""
         ask = messages.Gather(round_, room)
         asked = 0
-        channels = [self.worker.channel]
-        channels.extend(link.channel for link in self.by_serial.values()
-                        if not link.closed and link.channel is not None and link.channel.transport is not None)
-        for channel in channels:
+        for channel in self._front_channels():
             try:
                 channel.send(ask)
             except (ConnectionError, OSError):
@@ -354,11 +357,9 @@ class WorkerLinks:
         return asked
 
     def read_ready(self) -> None:
-        """Dispatch what every front, the primary's included, has sent already (the loop's thread)."""
-        self.worker.channel.read_ready()
-        for link in list(self.by_serial.values()):
-            if not link.closed and link.channel is not None:
-                link.channel.read_ready()
+        """Dispatch what every front has sent already (the loop's thread; a link closed meanwhile reads nothing)."""
+        for channel in self._front_channels():
+            channel.read_ready()
 
     def poll(self) -> None:
         """Dispatch what every link's front sent already (a Cancel, say), without waiting."""
