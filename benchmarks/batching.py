@@ -11,18 +11,25 @@ time; Triton and Kernel alternate when --rounds > 1 and each side reports its me
 
     .venv/bin/python benchmarks/batching.py                       # HTTP, c=64, 5 s windows, 2 rounds
     .venv/bin/python benchmarks/batching.py --protocol both --rounds 3
+    # several front processes batching one model (their Gather round), 2 ms queue delay:
+    .venv/bin/python benchmarks/batching.py --queue-delay-us 2000 --kernel-arg=--front-processes \
+        --kernel-arg=2 --name batching_two_fronts
 
-Writes results/batching.md and results/batching.json; raw perf_analyzer output and server logs go
-to results/batching/*.log.
+Writes results/<name>.md and results/<name>.json (name: batching by default); raw perf_analyzer
+output and server logs go to results/<name>/*.log. --queue-delay-us gives both servers a copy of
+the repository with that max_queue_delay_microseconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,12 +57,37 @@ def parse_args(argv=None):
     ap.add_argument("--triton-ports", type=int, nargs=3, default=[18000, 18001, 18002])
     ap.add_argument("--kernel-ports", type=int, nargs=3, default=[19000, 19001, 19002])
     ap.add_argument("--kernel-start-timeout", type=float, default=60.0)
+    ap.add_argument("--queue-delay-us", type=int, default=None,
+                    help="max_queue_delay_microseconds for both servers (a copy of --repo with it changed)")
+    ap.add_argument("--kernel-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for `kernel serve` (repeatable; e.g. --kernel-arg=--front-processes "
+                         "--kernel-arg=2)")
+    ap.add_argument("--name", default="batching", help="results/<name>.md, .json and the logs' folder")
     args = ap.parse_args(argv)
     # what benchmarks/run.py's helpers read
     args.allow_unstable = True
     args.kernel_cmd = None
     args.kernel_label = "Kernel"
+    args.kernel_args = args.kernel_arg  # what benchmarks/run.py's kernel_command adds
     return args
+
+
+def with_queue_delay(repo: Path, delay_us: int, into: Path) -> Path:
+    """A copy of `repo` under `into` whose every config.pbtxt has max_queue_delay_microseconds `delay_us`."""
+    copy = into / repo.name
+    shutil.copytree(repo, copy)
+    for config in copy.glob("*/config.pbtxt"):
+        text = config.read_text()
+        changed = re.sub(r"max_queue_delay_microseconds:\s*\d+", f"max_queue_delay_microseconds: {delay_us}", text)
+        if changed == text:
+            raise SystemExit(f"{config}: no max_queue_delay_microseconds to change")
+        config.write_text(changed)
+    return copy
+
+
+def queue_delay_of(repo: Path, model: str) -> str:
+    found = re.search(r"max_queue_delay_microseconds:\s*(\d+)", (repo / model / "config.pbtxt").read_text())
+    return found.group(1) if found else "0"
 
 
 def model_counts(srv, model: str) -> tuple[int, int]:
@@ -181,8 +213,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     protocols = ["http", "grpc"] if args.protocol == "both" else [args.protocol]
     repo = Path(args.repo).resolve()
+    if args.queue_delay_us is not None:
+        copies = Path(tempfile.mkdtemp(prefix="kernel-batching-"))
+        atexit.register(shutil.rmtree, copies, True)
+        repo = with_queue_delay(repo, args.queue_delay_us, copies)
     results = Path(args.out).resolve()
-    logs = results / "batching"
+    logs = results / args.name
     logs.mkdir(parents=True, exist_ok=True)
 
     def on_term(signum, frame):
@@ -190,6 +226,7 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    command_line = shlex.join(["python", "benchmarks/batching.py", *(sys.argv[1:] if argv is None else argv)])
     servers = []
     kernel, kernel_cmds = harness.kernel_side(f"Kernel on {repo}", args, repo, logs)
     sides = [
@@ -225,11 +262,11 @@ def main(argv=None) -> int:
     md = [
         "# Dynamic batching: Kernel vs real Triton",
         "",
-        f"Measured {started} on this box ({os.cpu_count()} CPUs, loopback) by `benchmarks/batching.py`.",
+        f"Measured {started} on this box ({os.cpu_count()} CPUs, loopback) by `{command_line}`.",
         "",
-        "Model: `benchmarks/model_repo_batching/add_sub` (Python backend, `max_batch_size: 64`, "
-        "`dynamic_batching { max_queue_delay_microseconds: 100 }`, one CPU instance), the same files for both "
-        "servers. perf_analyzer sends batch-1 requests; every batch is formed server-side. \"avg batch\" is "
+        f"Model: `benchmarks/model_repo_batching/add_sub` (Python backend, `max_batch_size: 64`, "
+        f"`dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_of(repo, args.model)} }}`, one CPU "
+        f"instance), the same files for both servers; Kernel started as `{kernel_cmd}`. perf_analyzer sends batch-1 requests; every batch is formed server-side. \"avg batch\" is "
         "inference_count / execution_count from each server's statistics extension over the measurement.",
         "",
         f"perf_analyzer `-m {args.model} --concurrency-range C:C --measurement-interval {args.duration_ms} "
@@ -254,13 +291,14 @@ def main(argv=None) -> int:
         ),
         "",
     ]
-    (results / "batching.md").write_text("\n".join(md))
-    (results / "batching.json").write_text(json.dumps({
+    (results / f"{args.name}.md").write_text("\n".join(md))
+    (results / f"{args.name}.json").write_text(json.dumps({
         "started": started,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "repo": str(repo),
         "settings": {k: getattr(args, k) for k in ("protocol", "concurrency", "duration_ms", "rounds",
-                                                   "stability_percentage", "max_trials")},
+                                                   "stability_percentage", "max_trials", "queue_delay_us",
+                                                   "kernel_arg")},
         "kernel_command": kernel_cmd if kernel_runs else None,
         "rows": [{"protocol": r["protocol"], "concurrency": r["concurrency"], "ratio": r["ratio"]} for r in rows],
         "points": [
@@ -270,7 +308,7 @@ def main(argv=None) -> int:
             for p in triton_pts + kernel_pts
         ],
     }, indent=2))
-    print(f"wrote {results / 'batching.md'}", file=sys.stderr)
+    print(f"wrote {results / (args.name + '.md')}", file=sys.stderr)
     return 1 if any(p.error for p in triton_pts + kernel_pts) else 0
 
 
