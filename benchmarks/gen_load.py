@@ -87,6 +87,11 @@ class Window:
         self.end = float("inf")
         self.tokens = 0
         self.stop = False
+        self.think_s = 0.0  # a slot's pause between an answer's end and its next request
+
+    async def think(self) -> None:
+        if self.think_s:
+            await asyncio.sleep(self.think_s)
 
     def token(self, t: float) -> None:
         if self.start <= t < self.end:
@@ -148,6 +153,7 @@ async def _http_slot(host: str, port: int, path: str, body: bytes, count, window
     clock = time.perf_counter
     try:
         while window.more(records):
+            await window.think()
             rec = Record(clock())
             records.append(rec)
             writer.write(request)
@@ -261,6 +267,7 @@ async def _grpc_slot(url: str, model: str, window: Window, records: list, expect
     responses = client.stream_infer(requests())
     try:
         while window.more(records):
+            await window.think()
             rec = Record(clock())
             records.append(rec)
             await outbox.put({"model_name": model, "inputs": inputs, "enable_empty_final_response": True})
@@ -302,8 +309,9 @@ def _pct(values: list, q: float) -> Optional[float]:
 
 
 async def measure(kind: str, host: str, port: int, model: str, concurrency: int, duration: float,
-                  warmup: float, max_tokens: int = 128, samples: bool = False) -> Result:
+                  warmup: float, max_tokens: int = 128, samples: bool = False, think_ms: float = 0.0) -> Result:
     window = Window()
+    window.think_s = think_ms / 1000.0
     slots: list[list] = [[] for _ in range(concurrency)]
     if kind == "grpc":
         coros = [_grpc_slot(f"{host}:{port}", model, window, s, max_tokens) for s in slots]
@@ -358,6 +366,8 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of load before the window opens")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--samples", action="store_true", help="also list every time to first token")
+    p.add_argument("--think-ms", type=float, default=0.0,
+                   help="each slot waits this long after an answer before its next request (the server idles)")
     a = p.parse_args(argv)
     try:
         import uvloop
@@ -365,7 +375,7 @@ def main(argv=None) -> None:
     except ImportError:
         run = asyncio.run
     result = run(measure(a.kind, a.host, a.port, a.model, a.concurrency, a.duration, a.warmup, a.max_tokens,
-                         a.samples))
+                         a.samples, a.think_ms))
     print(json.dumps(asdict(result)))
 
 
