@@ -113,6 +113,24 @@ def test_load_client_counts_every_token(kernel, kind):
     assert 0 < result.ttft_p50_ms <= result.ttft_p99_ms
 
 
+@pytest.mark.parametrize("kind", ["generate_stream", "grpc"])
+def test_load_client_pauses_between_a_slots_requests(kernel, kind):
+    """--think-ms (benchmarks/ttft_idle.py): one slot waits 100 ms after each answer, so a 0.6 s
+    window sees a handful of requests, not hundreds, and every one still answers."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gen_load
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    port = {"generate_stream": kernel.http_port, "grpc": kernel.grpc_port}[kind]
+    result = asyncio.run(gen_load.measure(kind, "127.0.0.1", port, "tiny_lm", 1, duration=0.6, warmup=0.2,
+                                          max_tokens=1, samples=True, think_ms=100))
+    assert result.errors == 0, result.first_error
+    assert 3 <= result.requests <= 8, result.requests  # back to back: hundreds in 0.6 s
+    assert len(result.ttft_samples_ms) == result.requests
+    assert max(result.ttft_samples_ms) < 100  # the pause comes before the request is sent, outside the TTFT
+
+
 @pytest.mark.parametrize("kind, tokens", [("openai_tools", 1), ("openai_json", 7)])
 def test_load_client_counts_tool_calls_and_json_pieces(kernel, kind, tokens):
     """The tool-calling and JSON-mode rows: a call is one token (one chunk with the whole call), a
