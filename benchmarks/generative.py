@@ -391,13 +391,7 @@ def interleaved_ttft(repo: Path, logs: Path, pairs: int, seconds: float) -> dict
             order = TTFT_ROUTES if i % 2 == 0 else TTFT_ROUTES[::-1]
             row = {}
             for server, route in order:
-                cmd = [harness.default_python(), str(HERE / "gen_load.py"), "--kind", route, "--port",
-                       str(route_port(server, route)), "--concurrency", "1", "--duration", str(seconds),
-                       "--warmup", "0.3", "--max-tokens", str(MAX_TOKENS), "--samples"]
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-                if out.returncode != 0:
-                    raise harness.BenchError(out.stderr[-500:])
-                r = json.loads(out.stdout)
+                r = c1_window(server, route, seconds)
                 samples[f"{server}/{route}"].extend(r["ttft_samples_ms"])
                 row[f"{server}/{route}"] = r["ttft_p50_ms"]
             row["loadavg_1m"] = round(os.getloadavg()[0], 2)
@@ -410,8 +404,8 @@ def interleaved_ttft(repo: Path, logs: Path, pairs: int, seconds: float) -> dict
     result = {"pairs": pairs, "seconds": seconds, "passes": passes, "routes": {}}
     for key, vals in samples.items():
         if vals:
-            result["routes"][key] = {"samples": len(vals), "p50": _pct(vals, 0.5), "p90": _pct(vals, 0.9),
-                                     "p99": _pct(vals, 0.99)}
+            result["routes"][key] = {"samples": len(vals), "p50": percentile(vals, 0.5),
+                                     "p90": percentile(vals, 0.9), "p99": percentile(vals, 0.99)}
     for key in list(result["routes"]):
         ratios = [p[key] / p["triton/generate_stream"] for p in passes if p.get(key) and p.get("triton/generate_stream")]
         result["routes"][key]["ratio_to_triton_generate_stream"] = {
@@ -419,7 +413,19 @@ def interleaved_ttft(repo: Path, logs: Path, pairs: int, seconds: float) -> dict
     return result
 
 
-def _pct(values, q):
+def c1_window(server: str, route: str, seconds: float, max_tokens: int = MAX_TOKENS, think_ms: float = 0.0) -> dict:
+    """gen_load.py's result for one c=1 window on a running server's route, with every TTFT sample
+    (think_ms: the client's pause before each request)."""
+    cmd = [harness.default_python(), str(HERE / "gen_load.py"), "--kind", route, "--port",
+           str(route_port(server, route)), "--concurrency", "1", "--duration", str(seconds),
+           "--warmup", "0.3", "--max-tokens", str(max_tokens), "--think-ms", str(think_ms), "--samples"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise harness.BenchError(out.stderr[-500:])
+    return json.loads(out.stdout)
+
+
+def percentile(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,27 +30,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import generative  # noqa: E402  (start, route_port, the tiny_lm repository)
-import run as harness  # noqa: E402
+import generative  # noqa: E402  (start, c1_window, percentile, the tiny_lm repository)
 
 ROUTES = [("kernel", "grpc"), ("triton", "grpc"), ("kernel", "generate_stream"), ("triton", "generate_stream")]
-
-
-def point(server: str, route: str, think_ms: float, seconds: float) -> list:
-    cmd = [harness.default_python(), str(HERE / "gen_load.py"), "--kind", route, "--port",
-           str(generative.route_port(server, route)), "--concurrency", "1", "--duration", str(seconds),
-           "--warmup", "0.3", "--max-tokens", "1", "--think-ms", str(think_ms), "--samples"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        raise harness.BenchError(out.stderr[-500:])
-    return json.loads(out.stdout)["ttft_samples_ms"]
-
-
-def pct(values: list, q: float):
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def main(argv=None) -> int:
@@ -72,17 +53,18 @@ def main(argv=None) -> int:
         for i in range(a.passes):
             order = list(samples) if i % 2 == 0 else list(samples)[::-1]
             for key in order:
-                samples[key].extend(point(*key, a.seconds))
+                server, route, think_ms = key
+                samples[key].extend(generative.c1_window(server, route, a.seconds, 1, think_ms)["ttft_samples_ms"])
             generative.say(f"  pass {i + 1}: " + "  ".join(
-                f"{s}/{r}@{t:g}ms {pct(samples[(s, r, t)], 0.5):.2f}" for s, r, t in samples))
+                f"{s}/{r}@{t:g}ms {generative.percentile(samples[(s, r, t)], 0.5):.2f}" for s, r, t in samples))
     finally:
         for srv in running.values():
             srv.stop()
         shutil.rmtree(repo, ignore_errors=True)
     rows = []
     for s, r in ROUTES:
-        cells = {t: pct(samples[(s, r, t)], 0.5) for t in a.think_ms}
-        rows.append({"server": s, "route": r, "p50_ms": {f"{t:g}": v for t, v in cells.items()},
+        rows.append({"server": s, "route": r,
+                     "p50_ms": {f"{t:g}": generative.percentile(samples[(s, r, t)], 0.5) for t in a.think_ms},
                      "samples": {f"{t:g}": len(samples[(s, r, t)]) for t in a.think_ms}})
     head = "| server | route | " + " | ".join(f"TTFT p50 ms, pause {t:g} ms" for t in a.think_ms) + " |"
     lines = [head, "| --- | --- | " + " | ".join("---:" for _ in a.think_ms) + " |"]
