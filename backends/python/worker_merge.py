@@ -23,9 +23,9 @@ batch that is not full: each front held its requests for the delay from their ow
 request that reached another front 100 ms later would still sit in that front's queue, where one
 queue would have put it in this batch. The worker asks every front (messages.Gather, with the
 room left); each front's batcher hands over what it queued, delay or not
-(kernel.core.scheduling.dynamic), and answers Gathered after it on the same link. The batch runs once every front has answered (a
-fraction of a millisecond when their loops are free), or after WINDOW_S (at most the delay): what a
-lone batch pays on top. A shorter delay only waits its length (at most a timer tick) for the
+(kernel.core.scheduling.dynamic), and answers Gathered after it on the same link. The batch runs
+once every front has answered (a fraction of a millisecond when their loops are free), or after
+WINDOW_S (at most the delay): what a lone batch pays on top. A shorter delay only waits its length (at most a timer tick) for the
 fronts' batches: see GATHER_FROM_S.
 
 Before deciding, the worker reads what already waits in every front's socket: the loop reads the
@@ -174,17 +174,20 @@ class Merger:
         if round_ != self._round or self._hold is None:
             return  # (an earlier round's, answered after its wait ended)
         self._unanswered -= 1
-        if self._unanswered <= 0:  # (run from the loop, never from inside _run's reading)
+        if self._unanswered <= 0:
             self._hold.cancel()
-            self._hold = None
-            self._waited = True
-            self._schedule()
+            self._end_wait()
+            self._schedule()  # (run from the loop, never from inside _run's reading)
 
     def _waited_enough(self) -> None:
+        self._end_wait()
+        self._run()
+
+    def _end_wait(self) -> None:
+        """The window is over (every front answered, or its time is up): the batch may run."""
         self._hold = None
         self._unanswered = 0
         self._waited = True
-        self._run()
 
     def _fits(self) -> int:
         """The batch size the oldest waiting Execute would run with now."""
