@@ -72,13 +72,16 @@ def parse_args(argv=None):
     return args
 
 
+_QUEUE_DELAY = re.compile(r"max_queue_delay_microseconds:\s*(\d+)")
+
+
 def with_queue_delay(repo: Path, delay_us: int, into: Path) -> Path:
     """A copy of `repo` under `into` whose every config.pbtxt has max_queue_delay_microseconds `delay_us`."""
     copy = into / repo.name
     shutil.copytree(repo, copy)
     for config in copy.glob("*/config.pbtxt"):
         text = config.read_text()
-        changed = re.sub(r"max_queue_delay_microseconds:\s*\d+", f"max_queue_delay_microseconds: {delay_us}", text)
+        changed = _QUEUE_DELAY.sub(f"max_queue_delay_microseconds: {delay_us}", text)
         if changed == text:
             raise SystemExit(f"{config}: no max_queue_delay_microseconds to change")
         config.write_text(changed)
@@ -86,7 +89,7 @@ def with_queue_delay(repo: Path, delay_us: int, into: Path) -> Path:
 
 
 def queue_delay_of(repo: Path, model: str) -> str:
-    found = re.search(r"max_queue_delay_microseconds:\s*(\d+)", (repo / model / "config.pbtxt").read_text())
+    found = _QUEUE_DELAY.search((repo / model / "config.pbtxt").read_text())
     return found.group(1) if found else "0"
 
 
@@ -266,7 +269,8 @@ def main(argv=None) -> int:
         "",
         f"Model: `benchmarks/model_repo_batching/add_sub` (Python backend, `max_batch_size: 64`, "
         f"`dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_of(repo, args.model)} }}`, one CPU "
-        f"instance), the same files for both servers; Kernel started as `{kernel_cmd}`. perf_analyzer sends batch-1 requests; every batch is formed server-side. \"avg batch\" is "
+        f"instance), the same files for both servers; Kernel started as `{kernel_cmd}`. perf_analyzer sends "
+        "batch-1 requests; every batch is formed server-side. \"avg batch\" is "
         "inference_count / execution_count from each server's statistics extension over the measurement.",
         "",
         f"perf_analyzer `-m {args.model} --concurrency-range C:C --measurement-interval {args.duration_ms} "
