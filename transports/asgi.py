@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import socket
 
-from typing import Optional
+from typing import Callable, Optional
 
 import msgspec
 
@@ -87,8 +87,9 @@ class UvicornListener:
     """One uvicorn server (httptools) for `app`, running in the current event loop."""
 
     def __init__(self, app, host: str, port: int, what: str, limits: Optional[Http1Limits] = None,
-                 protocol: Optional[type] = None, max_body: Optional[int] = None, held: Optional[HeldBytes] = None):
-        """protocol: the connection class uvicorn builds per connection; by default
+                 protocol: Optional[Callable[..., asyncio.BaseProtocol]] = None, max_body: Optional[int] = None,
+                 held: Optional[HeldBytes] = None):
+        """protocol: what uvicorn builds per connection (a class, or a factory); by default
         protocol_with(limits, max_body, held). The KServe front passes its fast path's
         (kernel.transports.http.fast)."""
         self.app = app
