@@ -346,7 +346,10 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, StreamPacingMixin
             while outbox:
                 body = outbox.popleft()
                 data.append(b"\x00" + U32.pack(len(body)))
-                data.append(body)
+                if type(body) is codec.StreamMessage:
+                    data += body.parts  # framed where they lie, not joined
+                else:
+                    data.append(body)
                 n += 5 + len(body)
             if not self.send_messages(s, data, n):
                 return

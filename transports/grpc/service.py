@@ -373,7 +373,10 @@ async def drive_stream(
         outbox = session.outbox
         while True:
             while outbox:
-                await send(Serialized(outbox.popleft()))
+                message = outbox.popleft()
+                if type(message) is codec.StreamMessage:  # these libraries take one bytes object
+                    message = message.joined()
+                await send(Serialized(message))
             session.sent()
             if session.finished or read_error is not None:
                 break
