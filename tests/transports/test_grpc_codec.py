@@ -7,7 +7,7 @@ import pytest
 
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferResponse, InferTensor
-from kernel.transports.grpc import codec
+from kernel.transports.grpc import codec, stream_message
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 
 
@@ -48,7 +48,7 @@ def test_infer_response_matches_protobuf(response):
 @pytest.mark.parametrize("final", [False, True])
 def test_stream_response_matches_protobuf(response, final):
     message = codec.stream_response(response, final)
-    if isinstance(message, codec.StreamMessage):
+    if isinstance(message, stream_message.StreamMessage):
         assert len(message) == len(message.joined())
         message = message.joined()
     ours = pb.ModelStreamInferResponse.FromString(message)
@@ -58,18 +58,18 @@ def test_stream_response_matches_protobuf(response, final):
 
 
 def test_a_large_stream_response_keeps_the_outputs_bytes_where_they_are():
-    """Over STREAM_JOIN_BYTES a stream response is not joined (on the event loop, ~22 ms per 32
+    """Over stream_message.JOIN_BYTES a stream response is not joined (on the event loop, ~22 ms per 32
     MiB): its pieces end with the output's own buffer, which the native server frames as it lies."""
-    out = np.arange(codec.STREAM_JOIN_BYTES // 4 + 1, dtype=np.float32)
+    out = np.arange(stream_message.JOIN_BYTES // 4 + 1, dtype=np.float32)
     response = InferResponse("m", "1", "r", [InferTensor.from_numpy("OUT", out)])
     message = codec.stream_response(response, True)
-    assert isinstance(message, codec.StreamMessage)
+    assert isinstance(message, stream_message.StreamMessage)
     assert np.shares_memory(np.frombuffer(message.parts[-1], np.uint8), out)
-    assert codec.message_parts(message) is message.parts
+    assert stream_message.pieces(message) is message.parts
     parsed = pb.ModelStreamInferResponse.FromString(message.joined())
     assert parsed.infer_response == _reference(response, True)
     small = codec.stream_response(RESPONSES[1], False)
-    assert type(small) is bytes and codec.message_parts(small) == [small]
+    assert type(small) is bytes and stream_message.pieces(small) == [small]
 
 
 def test_identical_bytes_for_a_plain_response():

@@ -31,6 +31,7 @@ from kernel.core.request import (
 from kernel.core.shared_memory import RequestWindows, SharedMemoryManager
 from kernel.transports import request_bounds
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.transports.grpc.stream_message import JOIN_BYTES, StreamMessage
 
 # gRPC status codes (the numbers are part of the gRPC protocol).
 OK = 0
@@ -531,43 +532,12 @@ def encode_infer_response(response: InferResponse) -> bytes:
     return b"".join(parts)
 
 
-# A stream response larger than this is kept in its pieces (StreamMessage), not joined.
-STREAM_JOIN_BYTES = 1 << 20
-
-
-class StreamMessage:
-    """A serialized ModelStreamInferResponse kept in its pieces: its fields, and the outputs'
-    bytes as the backend handed them over (fixed then: backends/python/handover.py).
-
-    Why: joining one on the event loop copies it there with the interpreter lock held (bytes.join
-    of memoryviews): ~22 ms per 32 MiB response, and a decoupled model's four quick sends froze the
-    front ~90 ms. The native server frames the pieces where they lie, as it does a unary answer's;
-    the other bindings take joined()."""
-
-    __slots__ = ("parts", "size")
-
-    def __init__(self, parts: list, size: int):
-        self.parts = parts
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def joined(self) -> bytes:
-        return b"".join(self.parts)
-
-
-def message_parts(message) -> list:
-    """The pieces of a stream message (bytes, or a StreamMessage)."""
-    return message.parts if type(message) is StreamMessage else [message]
-
-
 def stream_response(response: InferResponse, final: bool):
     """ModelStreamInferResponse for a successful response, with Triton's final flag: bytes, or a
-    StreamMessage when it is over STREAM_JOIN_BYTES."""
+    StreamMessage when it is over JOIN_BYTES."""
     parts, size = infer_response_parts(response, FINAL_TRUE if final else FINAL_FALSE)
     head = _T2 + _varint(size)
-    if size <= STREAM_JOIN_BYTES:
+    if size <= JOIN_BYTES:
         return b"".join([head, *parts])
     return StreamMessage([head, *parts], len(head) + size)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from kernel.transports.grpc import codec, compression
+from kernel.transports.grpc import codec, compression, stream_message
 from kernel.transports.grpc.http2.frames import FLAG_END_HEADERS, HEADERS, frame
 from kernel.transports.grpc.http2.output import StreamHolder
 from kernel.transports.grpc.wire import COMPRESSED_RESPONSE_HEADERS, TRAILERS_OK
@@ -99,13 +99,13 @@ class CompressedOutputMixin:
             if size <= compression.INLINE_BYTES:
                 if held:
                     self._unhold(s, size)
-                chunks, k = compression.message(algorithm, codec.message_parts(body), size)
+                chunks, k = compression.message(algorithm, stream_message.pieces(body), size)
                 data.extend(chunks)
                 n += k
                 continue
             if not held and not self._hold_more(s, n + size + 5):
                 return None
-            self._compress_beside(s, codec.message_parts(body), size, self._stream_message_ready, held)
+            self._compress_beside(s, stream_message.pieces(body), size, self._stream_message_ready, held)
         while outbox:  # behind a message being deflated: held until it is sent
             body = outbox.popleft()
             if not self._hold_more(s, n + len(body) + 5):

@@ -44,6 +44,7 @@ from kernel.transports.grpc.wire import (
 )
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 from kernel.transports.grpc.service import HEALTH_SERVICE, SERVICE, UNARY_RPCS, InferenceService, Serialized
+from kernel.transports.grpc.stream_message import StreamMessage
 from kernel.transports.grpc.stream_pacing import StreamPacingMixin
 
 log = logging.getLogger("kernel.grpc")
@@ -346,7 +347,7 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, StreamPacingMixin
             while outbox:
                 body = outbox.popleft()
                 data.append(b"\x00" + U32.pack(len(body)))
-                if type(body) is codec.StreamMessage:
+                if type(body) is StreamMessage:
                     data += body.parts  # framed where they lie, not joined
                 else:
                     data.append(body)

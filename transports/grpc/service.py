@@ -27,6 +27,7 @@ from kernel.transports.grpc import codec
 from kernel.transports.grpc import log_trace as settings
 from kernel.transports.grpc import repository_api as repository
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
+from kernel.transports.grpc.stream_message import StreamMessage
 from kernel.transports.restrictions import grpc_category
 
 log = logging.getLogger("kernel.grpc")
@@ -373,10 +374,8 @@ async def drive_stream(
         outbox = session.outbox
         while True:
             while outbox:
-                message = outbox.popleft()
-                if type(message) is codec.StreamMessage:  # these libraries take one bytes object
-                    message = message.joined()
-                await send(Serialized(message))
+                message = outbox.popleft()  # one bytes object per message for these libraries
+                await send(Serialized(message.joined() if type(message) is StreamMessage else message))
             session.sent()
             if session.finished or read_error is not None:
                 break
