@@ -397,7 +397,6 @@ class BufferedReads(asyncio.BufferedProtocol):
     the connection, never this."""
 
     def __init__(self, connection: "FastInferProtocol") -> None:
-        self.connection = connection
         self.connection_made = connection.connection_made
         self.connection_lost = connection.connection_lost
         self.eof_received = connection.eof_received
