@@ -235,6 +235,33 @@ def test_answers_a_client_never_reads_are_bounded_and_cut(stall_server):
     assert_infer_works(stall_server.grpc_url)
 
 
+def test_a_stream_of_large_answers_nobody_reads_is_bounded_and_releases_its_regions(stall_server):
+    """One ModelStreamInfer call asks for 100 x 4 MiB answers and never reads. A stream answer over
+    1 MiB is sent from the worker's arena as it lies (transports/grpc/stream_message.py), not
+    copied: the regions it pins are the held answers the connection's bound counts, so the call is
+    cut and the arena stays bounded; once it is cut the same again reuses the regions."""
+    def unread_round() -> tuple[dict, int]:
+        base = worker_arena_bytes(stall_server.proc.pid)
+        peak = Peak(lambda: worker_arena_bytes(stall_server.proc.pid))
+        c = connect(stall_server.grpc_port, 0)
+        try:
+            c.send(c.headers(1, "/inference.GRPCInferenceService/ModelStreamInfer"))
+            for _ in range(100):
+                c.send(frame(DATA, 0, 1, big_request(4)))
+                peak()
+                time.sleep(0.01)
+            return statuses(c, [1], STALL_S + 40, peak), peak.value - base
+        finally:
+            c.close()
+
+    for round_ in range(2):
+        got, grown = unread_round()
+        print(f"round {round_}: arena grew {grown / MIB:.0f} MiB; {got}")
+        assert got.get(1, (None,))[0] == RESOURCE_EXHAUSTED, f"round {round_}: the call was not cut: {got}"
+        assert grown < 400 * MIB, f"round {round_}: the worker's arena grew {grown / MIB:.0f} MiB for 400 MiB unread"
+    assert_infer_works(stall_server.grpc_url)
+
+
 def test_a_client_that_reads_nothing_is_dropped_after_the_stall_timeout(stall_server):
     """Open windows but a socket nobody reads: what the transport could not hand to the socket
     (and the streams behind it) stayed queued as long as the connection was open."""
