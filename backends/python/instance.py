@@ -209,7 +209,7 @@ class WorkerInstance(FrontCalls, RequestPath):
         self._stopping = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self._pending and loop.time() < deadline and self.healthy:
+        while self.in_flight and loop.time() < deadline and self.healthy:  # (sent, or being copied)
             await asyncio.sleep(0.01)
         if self.healthy and self.channel is not None and not self.channel.closed:
             wait = max(0.5, deadline - loop.time())

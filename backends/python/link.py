@@ -92,7 +92,7 @@ class LinkedInstance(RequestPath):
         self._stopping = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self._pending and loop.time() < deadline and self.healthy:
+        while self.in_flight and loop.time() < deadline and self.healthy:  # (sent, or being copied)
             await asyncio.sleep(0.01)
         if self._socks is not None:
             for sock in self._socks:

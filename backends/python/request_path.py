@@ -5,7 +5,11 @@ waits on us); responses come back on it and go to each request's `on_response` o
 
 A request's large inputs are copied once into this link's arena; each region is freed when the
 worker gives it back (Release: the model's last array over it is gone) and no response view still
-shows it. A cancelled request the model stays silent on is answered here after a grace period
+shows it. A batch with more than COPY_BESIDE_BYTES of them is copied on a thread (input_copy.py),
+and its Execute leaves when the copy is done; batches submitted meanwhile wait behind it, so the
+worker sees them in the order the scheduler gave. (One slice assignment of a 1 GiB gRPC input held
+the front's loop ~1 s, a new segment's page faults included, and every other client with it.)
+A cancelled request the model stays silent on is answered here after a grace period
 (cancel_grace.py), so it holds neither its client, nor the pending count, nor shutdown.
 
 Two kinds of instance share this: WorkerInstance (instance.py), which also owns the worker process
@@ -17,6 +21,7 @@ and its primary link (link 0: lifecycle, BLS, model control, custom metrics), an
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
@@ -34,6 +39,7 @@ from kernel.backends.python.arena_views import ArenaViews
 from kernel.backends.python.board import BoardView
 from kernel.backends.python.cancel_grace import CancelGrace
 from kernel.backends.python.gpu_front import DeviceTensors
+from kernel.backends.python.input_copy import COPY_BESIDE_BYTES, Built, copy_beside, copy_here, running_loop
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.core.device_memory import kept_open, wire_form
 from kernel.core.errors import ErrorCode, KernelError
@@ -83,6 +89,11 @@ class RequestPath(BackendInstance):
         self._keys = itertools.count(256 + self.link_id, 256)
         self._ready_checks: dict[int, asyncio.Future] = {}  # CheckReady and Usage keys -> their answer
         self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
+        if getattr(self, "_copying", None) is not None:
+            self._drop_copying(f"Stub process '{self.name}' is not healthy.")
+        self._copying: Optional[collections.deque] = None  # batches waiting behind a copy beside the loop
+        self._held_back = 0  # requests of those batches and of the one being copied
+        self._copy_epoch = object()  # replaced when the worker goes: a copy finishing later is void
         self._traced: dict[int, list] = {}  # Execute trace_key -> kernel.observe.trace.Trace of its traced requests
         if getattr(self, "_ages", None) is not None:
             self._ages.close()
@@ -143,7 +154,8 @@ class RequestPath(BackendInstance):
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        """Requests handed to this instance and not answered: sent, or waiting for a copy beside the loop."""
+        return len(self._pending) + self._held_back
 
     @property
     def load(self) -> int:
@@ -151,8 +163,8 @@ class RequestPath(BackendInstance):
         this link's own in-flight requests (exact here, where the board would lag)."""
         board = self._board
         if board is None:
-            return len(self._pending)
-        return board.others(self.link_id) + len(self._pending)
+            return self.in_flight
+        return board.others(self.link_id) + self.in_flight
 
     @property
     def executing(self) -> int:
@@ -165,13 +177,36 @@ class RequestPath(BackendInstance):
 
         Exception-safe: the batch is encoded and written before anything is counted
         (pending, executing, arena regions, cancel callbacks), so a request that
-        cannot be sent is answered with an error and leaves nothing behind.
+        cannot be sent is answered with an error and leaves nothing behind. A batch
+        copied beside the loop, and those queued behind it, count as executing (and in
+        flight) from here; whatever becomes of them, each request is answered.
         """
         if not self.healthy:
             error = KernelError(ErrorCode.INTERNAL, f"Stub process '{self.name}' is not healthy.")
             for r in requests:
                 _respond_error(r, error, self.source)
             return
+        if self._copying is not None:  # a batch ahead is being copied: these go after it, in order
+            self._copying.append(requests)
+            self._held_back += len(requests)
+            self._executing += 1
+            return
+        built = self._build(requests)
+        if built is None:
+            return
+        if built.copy_bytes > COPY_BESIDE_BYTES and running_loop() is not None:
+            self._copy_beside(built)
+            return
+        try:
+            copy_here(built.copies)
+        except Exception as exc:  # noqa: BLE001 - as a failed encoding: undo and answer
+            self._unsent(requests, built.packed, exc)
+            return
+        self._send_built(built)
+
+    def _build(self, requests: list[InferRequest]) -> Optional[Built]:
+        """The Execute for `requests`, its large inputs' regions reserved; None when it cannot be
+        made (each request then answered with the error, nothing left behind)."""
         batch = []
         keys = []
         packed: list[list] = []  # per request, its inputs as packed so far (arena regions to free on failure)
@@ -179,6 +214,8 @@ class RequestPath(BackendInstance):
         trace_key = 0
         arena = self._arena
         in_arena = False  # some input went to the arena: its regions are tracked below
+        copies = []
+        copy_bytes = 0
         try:
             for request in requests:
                 check_correlation_id(request.correlation_id)
@@ -196,10 +233,14 @@ class RequestPath(BackendInstance):
                             inputs.append(self._gpu.lend(t))
                         continue
                     raw = t.raw
-                    if len(raw) <= wire.INLINE_LIMIT:  # inline, as wire.pack does, minus its copy: msgspec
+                    nbytes = len(raw)
+                    if nbytes <= wire.INLINE_LIMIT:  # inline, as wire.pack does, minus its copy: msgspec
                         inputs.append(messages.Tensor(t.name, t.datatype, t.shape, raw))  # encodes any bytes-like
-                    else:
-                        inputs.append(wire.pack(t.name, t.datatype, t.shape, raw, arena))
+                    else:  # a region now, its bytes once the batch is made (here or beside the loop)
+                        segment, offset = arena.alloc(nbytes)
+                        inputs.append(messages.Tensor(t.name, t.datatype, list(t.shape), None, segment, offset, nbytes))
+                        copies.append((arena.view(segment, offset, nbytes), raw))
+                        copy_bytes += nbytes
                         in_arena = True
                 key = next(self._keys)
                 keys.append(key)
@@ -227,12 +268,26 @@ class RequestPath(BackendInstance):
                         trace_key = next(self._keys)
                     traced.append(request.trace)
                     batch[-1].trace_context = request.trace.context()  # what request.trace() gives the model
-            self.channel.send(messages.Execute(batch, trace_key) if traced else messages.Execute(batch))
+            execute = messages.Execute(batch, trace_key) if traced else messages.Execute(batch)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
             self._unsent(requests, packed, exc)
+            return None
+        return Built(requests, execute, keys, packed, traced, trace_key, in_arena, copies, copy_bytes, arena,
+                      self._copy_epoch)
+
+    def _send_built(self, built: Built, counted: bool = False) -> None:
+        """Write the Execute, then count its requests as the worker's. counted: the batch is counted
+        in `executing` already (it waited for a copy beside the loop)."""
+        try:
+            self.channel.send(built.execute)
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
+            self._unsent(built.requests, built.packed, exc)
+            if counted:
+                self._executing = max(0, self._executing - 1)
             return
         # Sent: from here on the worker owns these requests until their final responses.
-        for key, request, inputs in zip(keys, requests, packed):
+        in_arena, traced = built.in_arena, built.traced
+        for key, request, inputs in zip(built.keys, built.requests, built.packed):
             self._pending[key] = request
             if in_arena:
                 regions = wire.arena_regions(inputs)
@@ -243,9 +298,60 @@ class RequestPath(BackendInstance):
             for trace in traced:
                 # Held until this execution's compute times are back (see _on_executions).
                 trace.hold()
-            self._traced[trace_key] = traced
-        self._executing += 1
+            self._traced[built.trace_key] = traced
+        if not counted:
+            self._executing += 1
         self._ages.watch()
+
+    def _copy_beside(self, built: Built) -> None:
+        """Fill the batch's regions on a thread; the Execute leaves when they are full. The batch
+        counts as executing meanwhile (schedulers see the instance busy), and later batches queue
+        behind it."""
+        self._executing += 1
+        self._held_back += len(built.requests)
+        self._copying = collections.deque()
+        done = asyncio.get_running_loop().run_in_executor(None, copy_beside, built.copies)
+        done.add_done_callback(functools.partial(self._copied, built))
+
+    def _copied(self, built: Built, done: asyncio.Future) -> None:
+        if built.epoch is not self._copy_epoch:
+            # The worker went while copying (_drop_copying answered the batches behind): answer these,
+            # and give their regions back to the arena they are in (a no-op once it is closed).
+            for inputs in built.packed:
+                for seg, off in wire.arena_regions(inputs):
+                    built.arena.free(seg, off)
+            self._fail_requests(built.requests,
+                                KernelError(ErrorCode.INTERNAL, f"Stub process '{self.name}' is not healthy."))
+            return
+        self._held_back -= len(built.requests)
+        exc = None if done.cancelled() else done.exception()
+        if done.cancelled() or exc is not None or not self.healthy:
+            self._unsent(built.requests, built.packed, exc if exc is not None else KernelError(
+                ErrorCode.INTERNAL, f"Stub process '{self.name}' is not healthy."))
+            self._executing = max(0, self._executing - 1)
+        else:
+            self._send_built(built, counted=True)
+        waiting, self._copying = self._copying, None
+        while waiting:
+            requests = waiting.popleft()
+            self._held_back -= len(requests)
+            self._executing = max(0, self._executing - 1)  # submit counts it again
+            self.submit(requests)
+            if self._copying is not None:  # that one is copied beside the loop too: the rest wait behind it
+                self._copying.extend(waiting)  # (still counted in _held_back and executing)
+                break
+        self.notify_available()
+
+    def _drop_copying(self, message: str) -> None:
+        """The worker is gone: answer the batches waiting behind a copy; the copy itself is void."""
+        self._copy_epoch = object()
+        waiting, self._copying = self._copying, None
+        self._held_back = 0
+        if not waiting:
+            return
+        error = KernelError(ErrorCode.INTERNAL, message)
+        for requests in waiting:
+            self._fail_requests(requests, error)
 
     def _unsent(self, requests: list[InferRequest], packed: list[list], exc: Exception) -> None:
         """Undo a batch that never reached the worker and fail each of its requests."""
@@ -261,12 +367,15 @@ class RequestPath(BackendInstance):
                 ErrorCode.INTERNAL,
                 f"Failed to send the request(s) to model instance '{self.name}': {type(exc).__name__}: {exc}",
             )
+        self._fail_requests(requests, error)
+        # No notify_available(): nothing started executing, so what this instance can take is unchanged.
+
+    def _fail_requests(self, requests, error: KernelError) -> None:
         stats = self.stats
         for request in requests:
             if stats is not None and request.arrival_ns:
                 stats.record_failure("BACKEND", time.monotonic_ns() - request.arrival_ns)
             _respond_error(request, error, self.source)
-        # No notify_available(): nothing started executing, so what this instance can take is unchanged.
 
     def _send_cancel(self, key: int) -> None:
         if key in self._pending and self.channel is not None and not self.channel.closed:
@@ -425,6 +534,9 @@ class RequestPath(BackendInstance):
             self.channel.send(messages.Release(regions))
 
     def _fail_pending(self, message: str, framed: bool = True) -> None:
+        if self._copying is not None:
+            self._drop_copying(message if not framed else
+                               f"Failed to process the request(s) for model '{self.name}', message: {message}")
         pending, self._pending = self._pending, {}
         self._gpu.close(f"its process exited ({message})")
         self._input_regions.clear()
