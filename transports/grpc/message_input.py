@@ -27,9 +27,10 @@ from kernel.transports.grpc import codec
 from kernel.transports.grpc.http2.frames import U32
 from kernel.transports.grpc.http2.output import StreamHolder
 
-# Request messages of this size (up to the max) are read straight into a buffer of their own.
+# Request messages of this size or more (up to the server's max message size, checked from the
+# prefix first) are read straight into a buffer of their own. (There was a 1 GiB cap: a message over
+# it was gathered from views of the reads and joined on the loop, which held it ~1-2 s.)
 DIRECT_MESSAGE = 256 * 1024
-DIRECT_MESSAGE_MAX = 1 << 30
 
 log = logging.getLogger("kernel.grpc")
 
@@ -132,7 +133,7 @@ class MessageInputMixin:
                 return
             s.reserved = need
             self.reserved += need
-            if DIRECT_MESSAGE <= need <= DIRECT_MESSAGE_MAX:
+            if need >= DIRECT_MESSAGE:
                 self._start_message(s, rest, need - 5)
             if held is not None:
                 holder = self.partials[s.id] = PartialMessage(self, s)
