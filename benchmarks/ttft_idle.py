@@ -9,7 +9,9 @@ idle ~7 ms and the next first token pays for waking them (on this VM: vCPUs halt
 
 This measures that directly, with one-token answers (no stream tail to read) and a client pause
 before each request (`gen_load.py --think-ms`): 0 (back to back) and the pauses given. Routes are
-interleaved pass by pass, as in generative.py, so load drift hits every row alike.
+interleaved pass by pass, as in generative.py, so load drift hits every row alike. Then, the
+servers stopped, the box alone: the same piece of Python timed right after each pause, slept or
+spun, which separates what the box charges for a pause from what the servers do.
 
     .venv/bin/python benchmarks/ttft_idle.py                 # 4 passes, 2 s per route and pause
     .venv/bin/python benchmarks/ttft_idle.py --think-ms 0 1 7 20
@@ -33,6 +35,39 @@ sys.path.insert(0, str(HERE))
 import generative  # noqa: E402  (start, c1_window, percentile, the tiny_lm repository)
 
 ROUTES = [("kernel", "grpc"), ("triton", "grpc"), ("kernel", "generate_stream"), ("triton", "generate_stream")]
+
+
+def _python_work() -> int:
+    """~0.2-0.4 ms of the kind of Python a first token runs: small dicts, lists, JSON both ways."""
+    d = {}
+    for i in range(300):
+        d[str(i)] = [i, i * 2, {"a": i}]
+    return len(json.loads(json.dumps(d)))
+
+
+def box_penalty(pauses_ms: list[float], repeats: int = 300) -> dict:
+    """The box's own price of a pause, with no server and no socket: the same Python work timed right
+    after a pause, the pause slept (the process idles, as a server between requests) or spun (the
+    process never leaves the CPU). If the spun pause costs as much as the slept one, what a server
+    pays after idling is not its sleep or wake-up but the caches the box lets cool meanwhile."""
+    out = {}
+    for pause_ms in pauses_ms:
+        pause = pause_ms / 1000.0
+        slept, spun = [], []
+        for i in range(repeats):
+            if pause:
+                if i % 2:
+                    time.sleep(pause)
+                else:
+                    until = time.perf_counter() + pause
+                    while time.perf_counter() < until:
+                        pass
+            t0 = time.perf_counter()
+            _python_work()
+            (slept if i % 2 else spun).append((time.perf_counter() - t0) * 1000.0)
+        out[f"{pause_ms:g}"] = {"slept_ms": generative.percentile(slept, 0.5),
+                                "spun_ms": generative.percentile(spun, 0.5)}
+    return out
 
 
 def main(argv=None) -> int:
@@ -61,6 +96,7 @@ def main(argv=None) -> int:
         for srv in running.values():
             srv.stop()
         shutil.rmtree(repo, ignore_errors=True)
+    box = box_penalty(a.think_ms)  # after the servers stopped: nothing else runs
     rows = []
     for s, r in ROUTES:
         rows.append({"server": s, "route": r,
@@ -81,6 +117,12 @@ def main(argv=None) -> int:
         "`tritonclient.grpc.aio` for grpc, raw HTTP/1.1 SSE for generate_stream) pauses before each request "
         "for the time given; the pause is not in the TTFT.", "",
         *lines, "",
+        "The box alone, no server: the median time of the same piece of Python (~0.3 ms of dicts and "
+        "JSON) run right after the pause, the pause slept or spun (the process never leaves the CPU):", "",
+        "| pause ms | " + " | ".join(f"{t:g}" for t in a.think_ms) + " |",
+        "| --- | " + " | ".join("---:" for _ in a.think_ms) + " |",
+        "| after a slept pause, ms | " + " | ".join(f"{box[f'{t:g}']['slept_ms']:.3f}" for t in a.think_ms) + " |",
+        "| after a spun pause, ms | " + " | ".join(f"{box[f'{t:g}']['spun_ms']:.3f}" for t in a.think_ms) + " |", "",
         "The pause column that matters for `generative.py`'s gRPC row is the idle the slow client leaves "
         "Kernel after a 128-token answer (~7 ms); Triton's server is not idle there (its tokens come "
         "~0.4 ms apart, so the client's next request meets a busy server).", "",
@@ -88,7 +130,8 @@ def main(argv=None) -> int:
     out = generative.RESULTS
     (out / "ttft_idle.md").write_text("\n".join(md))
     (out / "ttft_idle.json").write_text(json.dumps({"started": started, "command": command.strip(),
-                                                    "passes": a.passes, "seconds": a.seconds, "rows": rows},
+                                                    "passes": a.passes, "seconds": a.seconds, "rows": rows,
+                                                    "box": box},
                                                    indent=1))
     print("\n".join(md))
     return 0
