@@ -90,7 +90,7 @@ class RequestPath(BackendInstance):
         self._ready_checks: dict[int, asyncio.Future] = {}  # CheckReady and Usage keys -> their answer
         self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
         if getattr(self, "_copying", None) is not None:
-            self._drop_copying(f"Stub process '{self.name}' is not healthy.")
+            self._drop_copying(KernelError(ErrorCode.INTERNAL, f"Stub process '{self.name}' is not healthy."))
         self._copying: Optional[collections.deque] = None  # batches waiting behind a copy beside the loop
         self._held_back = 0  # requests of those batches and of the one being copied
         self._copy_epoch = object()  # replaced when the worker goes: a copy finishing later is void
@@ -342,15 +342,12 @@ class RequestPath(BackendInstance):
                 break
         self.notify_available()
 
-    def _drop_copying(self, message: str) -> None:
+    def _drop_copying(self, error: KernelError) -> None:
         """The worker is gone: answer the batches waiting behind a copy; the copy itself is void."""
         self._copy_epoch = object()
         waiting, self._copying = self._copying, None
         self._held_back = 0
-        if not waiting:
-            return
-        error = KernelError(ErrorCode.INTERNAL, message)
-        for requests in waiting:
+        for requests in waiting or ():
             self._fail_requests(requests, error)
 
     def _unsent(self, requests: list[InferRequest], packed: list[list], exc: Exception) -> None:
@@ -534,9 +531,12 @@ class RequestPath(BackendInstance):
             self.channel.send(messages.Release(regions))
 
     def _fail_pending(self, message: str, framed: bool = True) -> None:
+        error = KernelError(
+            ErrorCode.INTERNAL,
+            f"Failed to process the request(s) for model '{self.name}', message: {message}" if framed else message,
+        )
         if self._copying is not None:
-            self._drop_copying(message if not framed else
-                               f"Failed to process the request(s) for model '{self.name}', message: {message}")
+            self._drop_copying(error)
         pending, self._pending = self._pending, {}
         self._gpu.close(f"its process exited ({message})")
         self._input_regions.clear()
@@ -544,15 +544,7 @@ class RequestPath(BackendInstance):
         traced, self._traced = self._traced, {}
         for traces in traced.values():
             self._end_traces(traces)
-        error = KernelError(
-            ErrorCode.INTERNAL,
-            f"Failed to process the request(s) for model '{self.name}', message: {message}" if framed else message,
-        )
-        stats = self.stats
-        for request in pending.values():
-            if stats is not None and request.arrival_ns:
-                stats.record_failure("BACKEND", time.monotonic_ns() - request.arrival_ns)
-            _respond_error(request, error, self.source)
+        self._fail_requests(pending.values(), error)
         self._executing = 0
         self.notify_available()
 
