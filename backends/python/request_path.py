@@ -194,9 +194,11 @@ class RequestPath(BackendInstance):
         built = self._build(requests)
         if built is None:
             return
-        if built.copy_bytes > COPY_BESIDE_BYTES and running_loop() is not None:
-            self._copy_beside(built)
-            return
+        if built.copy_bytes > COPY_BESIDE_BYTES:
+            loop = running_loop()
+            if loop is not None:
+                self._copy_beside(built, loop)
+                return
         try:
             copy_here(built.copies)
         except Exception as exc:  # noqa: BLE001 - as a failed encoding: undo and answer
@@ -303,14 +305,14 @@ class RequestPath(BackendInstance):
             self._executing += 1
         self._ages.watch()
 
-    def _copy_beside(self, built: Built) -> None:
+    def _copy_beside(self, built: Built, loop: asyncio.AbstractEventLoop) -> None:
         """Fill the batch's regions on a thread; the Execute leaves when they are full. The batch
         counts as executing meanwhile (schedulers see the instance busy), and later batches queue
         behind it."""
         self._executing += 1
         self._held_back += len(built.requests)
         self._copying = collections.deque()
-        done = asyncio.get_running_loop().run_in_executor(None, copy_beside, built.copies)
+        done = loop.run_in_executor(None, copy_beside, built.copies)
         done.add_done_callback(functools.partial(self._copied, built))
 
     def _copied(self, built: Built, done: asyncio.Future) -> None:
