@@ -22,10 +22,12 @@ from kernel.core import classification
 from kernel.core.cache import create_cache
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.holding import HeldBytes
+from kernel.core.input_reads import InputReads
 from kernel.core.model import Model, ModelState, UnknownOutput
 from kernel.core.registry import ModelRegistry
 from kernel.core.request import InferRequest
-from kernel.core.shared_memory import RegionChange, SharedMemoryManager, route_through_windows, take_device_inputs
+from kernel.core.output_writes import OutputWrites
+from kernel.core.shared_memory import RegionChange, SharedMemoryManager, take_device_inputs
 from kernel.core.transport import Transport, TransportStartError
 
 log = logging.getLogger("kernel.core.server")
@@ -105,6 +107,10 @@ class Server:
         self.tracer: Any = None
         # Client shared-memory regions (system/CUDA shared-memory extensions), used by every transport.
         self.shared_memory = SharedMemoryManager()
+        # Requests whose large shared-memory inputs are read beside the loop, and those behind them.
+        self.input_reads = InputReads(self._admit_read)
+        # Outputs written into client regions, beside the loop when large (counted in flight meanwhile).
+        self.output_writes = OutputWrites()
         # The response cache (--cache-config); models that enable response_cache use it.
         self.response_cache = create_cache(options.cache_config)
         # Bytes held for slow clients, every transport's connections together (kernel.core.holding).
@@ -179,6 +185,18 @@ class Server:
         model = self.registry.get(request.model_name, request.model_version)
         if request.shm is not None:
             take_device_inputs(request)  # CUDA shared-memory inputs stay on the GPU
+        if (request.shm is not None or self.input_reads.count) and self.input_reads.take(model, request):
+            return  # large shared-memory inputs read beside the loop, or waiting behind such a request
+        self._admit(model, request)
+
+    def _admit_read(self, model: Model, request: InferRequest) -> None:
+        """_admit for a request that waited for shared-memory reads (kernel.core.input_reads)."""
+        if not self.accepting:
+            raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; the request was not executed")
+        self._admit(model, request)
+
+    def _admit(self, model: Model, request: InferRequest) -> None:
+        """Validate a request whose inputs are all here, and schedule it (or answer it from the cache)."""
         try:
             model.validate(request)
         except UnknownOutput:
@@ -198,7 +216,7 @@ class Server:
         if model.stats.observer is not None and model.stats.observer.first_response is not None:
             model.stats.observer.watch_first_response(request)
         if request.shm is not None:
-            route_through_windows(request)
+            self.output_writes.route(request)
         if model.response_cache is not None and model.response_cache.serve(model, request):
             return  # answered from the response cache (outputs still go to their windows); the model never sees it
         model.scheduler.enqueue(request)
@@ -208,6 +226,8 @@ class Server:
         queued = sum(m.scheduler.pending_count() for m in models if m.scheduler is not None)
         if self.response_cache is not None:
             queued += self.response_cache.pending  # waiting for a redis lookup, not scheduled yet
+        queued += self.input_reads.count  # waiting for their shared-memory inputs to be read
+        queued += self.output_writes.count  # answers being written into shared memory
         return queued + sum(inst.in_flight for m in models for inst in m.instances)
 
     # ---- statistics ------------------------------------------------------------

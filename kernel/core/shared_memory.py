@@ -13,12 +13,14 @@ whole front process (issue 14 item 3). pread past the end is just a short read
 (answered 400), and each output write checks the object's current size first.
 The cost is one copy of each input (a backend copies it into its own arena
 anyway) and none extra for outputs. Every access is also bounds-checked
-against the registered window.
+against the registered window. Large inputs are read when the request is
+submitted (kernel.core.input_reads) and large outputs written as each response
+arrives (kernel.core.output_writes), both beside the event loop.
 
 Unregistering drops the registry's descriptor at once; a request still in
-flight keeps its output windows (each holds the descriptor) and lets go of
-them when it finishes, which closes it. So no write can ever reach a
-descriptor number that was closed and reused for something else.
+flight keeps its windows (each holds the descriptor) and lets go of them when
+it finishes, which closes it. So no read or write can ever reach a descriptor
+number that was closed and reused for something else.
 
 CUDA regions (kernel.core.cuda_shared_memory) live in the same namespace and go through the
 same bounds checks and window lifetime; only how their bytes are reached differs. Where the IPC
@@ -34,11 +36,18 @@ import stat
 from typing import Optional
 
 import msgspec
+import numpy as np
 
 from kernel.core.cuda_shared_memory import CudaOutputWindow, CudaRegion, CudaRegions, IpcOpener
 from kernel.core.device_memory import DeviceBuffer
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.core.request import InferRequest, InferResponse, InferTensor
+from kernel.core.request import InferRequest
+
+# An input of a system region up to this size is read as its request is parsed; a larger one is
+# left as an InputWindow, read when the request is submitted (kernel.core.input_reads).
+READ_AT_ONCE_BYTES = 64 << 10
+# The most one pread is asked for (Linux returns at most 0x7ffff000 bytes per call).
+_ONE_READ_BYTES = 1 << 30
 
 # Where shm_open(3) puts POSIX shared-memory objects on Linux.
 SHM_DIR = "/dev/shm"
@@ -82,6 +91,47 @@ class SystemRegion:
             f"shared memory region '{self.name}' (key '{self.key}') no longer holds bytes {at}..{at + n} of its "
             "object: the object was made smaller after it was registered",
         )
+
+
+class InputWindow:
+    """An input's bytes in a client region, read when its request is submitted (kernel.core.input_reads).
+
+    It holds the object's descriptor, so a region unregistered before the read is still read
+    through it, never through a descriptor number closed and reused meanwhile.
+    """
+
+    __slots__ = ("region", "file", "at", "nbytes")
+
+    def __init__(self, region: SystemRegion, at: int, nbytes: int):
+        self.region = region
+        self.file = region.file
+        self.at = at  # offset in the shared-memory object
+        self.nbytes = nbytes
+
+    def read(self) -> "bytes | memoryview":
+        """A copy of the bytes; KernelError(INVALID_ARG) when the object no longer holds them.
+
+        pread lets go of the GIL (so this runs on a thread beside the loop) and returns at most
+        ~2 GiB per call: a larger input is read in pieces into one buffer, which numpy leaves
+        unfilled until the kernel writes it.
+        """
+        n, at, fd = self.nbytes, self.at, self.file.fd
+        if n <= _ONE_READ_BYTES:
+            data = os.pread(fd, n, at) if n else b""
+            if len(data) != n:
+                raise self.region.shrunk(at, n)
+            return data
+        out = memoryview(np.empty(n, np.uint8))
+        done = 0
+        while done < n:
+            got = os.preadv(fd, [out[done:]], at + done)
+            if got == 0:
+                raise self.region.shrunk(at, n)
+            done += got
+        return out
+
+    def release(self) -> None:
+        self.file = None
 
 
 class OutputWindow:
@@ -226,23 +276,22 @@ class SharedMemoryManager:
             )
         return region
 
-    def view(self, name: str, offset: int, byte_size: int) -> "bytes | DeviceBuffer":
-        """A copy of the bytes [offset, offset + byte_size) of region `name` (an input), bounds-checked.
+    def input(self, name: str, offset: int, byte_size: int) -> "bytes | DeviceBuffer | InputWindow":
+        """The bytes [offset, offset + byte_size) of region `name` (an input), bounds-checked.
 
-        KernelError(INVALID_ARG) when the object no longer holds them (the client shrank it). A CUDA
-        region whose handle other processes can open gives a DeviceBuffer instead (no copy): the
-        server turns it into a GPU tensor when the request is submitted (take_device_inputs).
+        A small system-memory input is read at once (a copy; KernelError(INVALID_ARG) when the
+        object no longer holds it: the client shrank it); a larger one is an InputWindow, read when
+        the request is submitted. A CUDA region whose handle other processes can open gives a
+        DeviceBuffer instead (no copy): the server turns it into a GPU tensor when the request is
+        submitted (take_device_inputs).
         """
         region = self._window(name, offset, byte_size)
         if isinstance(region, CudaRegion):
             if self.cuda.shares_handles:
                 return region.device_view(offset, byte_size)
             return region.read(offset, byte_size)  # device -> host copy
-        at = region.offset + offset
-        data = os.pread(region.file.fd, byte_size, at) if byte_size else b""
-        if len(data) != byte_size:
-            raise region.shrunk(at, byte_size)
-        return data
+        window = InputWindow(region, region.offset + offset, byte_size)
+        return window.read() if byte_size <= READ_AT_ONCE_BYTES else window
 
     def output_window(self, name: str, offset: int, byte_size: int) -> "OutputWindow | CudaOutputWindow":
         """Where an output goes: [offset, offset + byte_size) of region `name`, bounds-checked."""
@@ -270,9 +319,10 @@ class RequestWindows:
         self.held: list = []
 
     def hold(self, window):
-        """Keep an output window until the request ends (an input's bytes are a copy: nothing to hold;
-        a CUDA input left on the GPU is held so the request is marked as using shared memory)."""
-        if isinstance(window, (OutputWindow, CudaOutputWindow, DeviceBuffer)):
+        """Keep a window until the request ends: an output's, an input's not read yet (its
+        descriptor), a CUDA input left on the GPU (so the request is marked as using shared memory).
+        An input's bytes already read are a copy: nothing to hold."""
+        if isinstance(window, (OutputWindow, InputWindow, CudaOutputWindow, DeviceBuffer)):
             self.held.append(window)
         return window
 
@@ -295,66 +345,3 @@ def take_device_inputs(request: InferRequest) -> None:
             else:
                 t._raw = None
                 t.device = raw
-
-
-def route_through_windows(request: InferRequest) -> None:
-    """Wrap `request.on_response`: copy outputs into their windows, release the windows at the end.
-
-    An output that does not fit its window fails the response with Triton's message. Outputs bound
-    for CUDA regions may come back as GPU tensors (request.device_outputs): copied device to device.
-    """
-    windows: RequestWindows = request.shm
-    deliver = request.on_response
-    cuda = {name for name, slot in windows.outputs.items() if isinstance(slot, CudaOutputWindow)}
-    if cuda:
-        request.device_outputs = cuda if request.device_outputs is None else request.device_outputs
-
-    def on_response(response: InferResponse) -> None:
-        if response.error is None and response.outputs and windows.outputs:
-            try:
-                response = _place(response, windows.outputs)
-            except KernelError as exc:  # the client shrank the object under an output window
-                response = _failed(response, exc.message, exc.code)
-            except (ValueError, TypeError, OSError) as exc:  # an output buffer that cannot be copied
-                response = _failed(response, f"unable to write outputs into shared memory: {exc}")
-        if response.final:
-            windows.release()
-        deliver(response)
-
-    request.on_response = on_response
-
-
-def _place(response: InferResponse, slots: dict[str, OutputWindow]) -> InferResponse:
-    outputs = []
-    for t in response.outputs:
-        slot = slots.get(t.name)
-        if slot is None:
-            outputs.append(t)
-            continue
-        device = t.device if t._raw is None else None
-        raw = None if device is not None else memoryview(t.raw).cast("B")
-        n = device.nbytes if device is not None else raw.nbytes
-        if n > slot.nbytes:
-            return _failed(
-                response,
-                f"shared memory size specified with the request for output '{t.name}' ({slot.nbytes} bytes) "
-                f"should be at least {n} bytes to hold the results",
-                ErrorCode.INVALID_ARG,  # the client's window is too small: a client error (Triton says 500)
-            )
-        if device is None:
-            slot.write(raw)
-        elif isinstance(slot, CudaOutputWindow):
-            slot.write_device(device)  # GPU to GPU: the bytes never visit the host
-        else:
-            slot.write(device.to_host())
-        # The data now lives in the client's region; the response carries none.
-        outputs.append(InferTensor(t.name, t.datatype, t.shape, raw=b""))
-    response.outputs = outputs
-    return response
-
-
-def _failed(response: InferResponse, message: str, code: ErrorCode = ErrorCode.INTERNAL) -> InferResponse:
-    return InferResponse(
-        response.model_name, response.model_version, response.id, final=response.final,
-        error=KernelError(code, message),
-    )

@@ -226,7 +226,8 @@ def _contents_tensor(io, model_name: str) -> InferTensor:
 
 def _shm_window(io, shm: Optional[SharedMemoryManager], windows: RequestWindows, output: bool = False):
     """What a tensor's shared_memory_* parameters name, or None if they name none: an input's bytes
-    (a copy), or an output's OutputWindow (kernel/core/shared_memory.py says why not a mapping)."""
+    (a copy) or its InputWindow (read when the request is submitted), or an output's OutputWindow
+    (kernel/core/shared_memory.py says why not a mapping)."""
     params = io.parameters
     region = params.get("shared_memory_region")
     if region is None:
@@ -250,7 +251,7 @@ def _shm_window(io, shm: Optional[SharedMemoryManager], windows: RequestWindows,
     byte_size = _expect(io.name, "shared_memory_byte_size", p, "int64_param")
     if shm is None:
         raise KernelError(ErrorCode.UNSUPPORTED, "shared memory is not supported on this endpoint")
-    get = shm.output_window if output else shm.view
+    get = shm.output_window if output else shm.input
     return windows.hold(get(region.string_param, offset, byte_size))
 
 

@@ -393,7 +393,7 @@ def _shm_input(
     if inp.datatype not in datatypes.DATATYPES:
         raise _bad(f"invalid datatype for input {inp.name}")
     region, offset, byte_size = _shm_parameters(inp.name, inp.parameters)
-    window = windows.hold(_regions(shm).view(region, offset, byte_size))
+    window = windows.hold(_regions(shm).input(region, offset, byte_size))
     return InferTensor(inp.name, inp.datatype, inp.shape, raw=window)
 
 

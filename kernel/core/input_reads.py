@@ -1,0 +1,117 @@
+"""Inputs in client shared-memory regions, read beside the loop; their requests still reach the
+model in the order they came.
+
+An input in a system shared-memory region is copied out of the client's object when its request
+is submitted (kernel.core.shared_memory says why a copy and not a mapping). A request whose
+inputs there add up to READ_BESIDE_BYTES or less is read on the loop (~0.6 ms per MiB on a
+2-core VM, page faults of the new buffer included); a larger one is read on a thread, where
+pread lets go of the GIL. On the loop, one 1 GiB input held every client of the front for ~0.6 s.
+
+While a request waits for its reads, the requests for the same model version submitted after it
+wait behind it, whatever they carry: a model sees its requests in the order they were submitted
+(a sequence's steps, a stream's messages). Reads run side by side; only the handing over is in
+order. A request that waits here is in flight (Server.in_flight, so a graceful stop drains it);
+one whose read fails (the client shrank its object) or that the model refuses once read is
+answered with the error through its on_response, as a model's failure would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Callable, Optional
+
+from kernel.core.beside import run_beside
+from kernel.core.errors import ErrorCode, KernelError
+from kernel.core.request import InferRequest, InferResponse
+from kernel.core.shared_memory import InputWindow
+
+log = logging.getLogger("kernel.core.input_reads")
+
+# A request whose unread shared-memory inputs add up to more than this is read on a thread.
+READ_BESIDE_BYTES = 2 << 20
+
+def _read(windows: list[InputWindow]) -> list:
+    return [w.read() for w in windows]
+
+
+class _Waiting:
+    __slots__ = ("model", "request", "tensors", "reading")
+
+    def __init__(self, model, request: InferRequest):
+        self.model = model
+        self.request = request
+        self.tensors: list = []  # the InferTensors whose bytes are being read
+        self.reading: Optional[asyncio.Future] = None  # their bytes, in order; None: nothing to read
+
+
+class InputReads:
+    """The requests a Server holds while shared-memory inputs are read beside the loop."""
+
+    def __init__(self, admit: Callable[[object, InferRequest], None]):
+        # admit(model, request): what Server.submit does with a request whose inputs are all here;
+        # raises KernelError when the request is refused.
+        self._admit = admit
+        self._waiting: dict[object, deque[_Waiting]] = {}  # model version -> its requests, in order
+        self.count = 0  # requests held here
+
+    def take(self, model, request: InferRequest) -> bool:
+        """Read the request's unread inputs; False when that is done (on the loop, or there was
+        nothing to read) and nothing of this model waits: the caller admits it now. True: it waits
+        here and is admitted (or answered with its error) when its turn comes. KernelError when a
+        read on the loop fails: the request is refused as it is submitted."""
+        queue = self._waiting.get(model)
+        tensors = None
+        if request.shm is not None:
+            tensors = [t for t in request.inputs if type(t._raw) is InputWindow]
+            if tensors and sum(t._raw.nbytes for t in tensors) <= READ_BESIDE_BYTES:
+                for t in tensors:
+                    t._raw = t._raw.read()
+                tensors = None
+        if not tensors and queue is None:
+            return False
+        waiting = _Waiting(model, request)
+        if tensors:
+            waiting.tensors = tensors
+            future = run_beside(_read, [t._raw for t in tensors])
+            waiting.reading = future
+            future.add_done_callback(lambda _: self._hand_over(model))
+        if queue is None:
+            queue = self._waiting[model] = deque()
+        queue.append(waiting)
+        self.count += 1
+        return True
+
+    def _hand_over(self, model) -> None:
+        """Admit this model's waiting requests from the front, up to the first still being read."""
+        queue = self._waiting.get(model)
+        while queue:
+            waiting = queue[0]
+            if waiting.reading is not None and not waiting.reading.done():
+                return
+            queue.popleft()
+            self.count -= 1
+            self._admit_read(waiting)
+        if queue is not None and not queue:
+            del self._waiting[model]
+
+    def _admit_read(self, waiting: _Waiting) -> None:
+        request = waiting.request
+        try:
+            if waiting.reading is not None:
+                for t, data in zip(waiting.tensors, waiting.reading.result()):
+                    t._raw = data
+            self._admit(waiting.model, request)
+        except KernelError as exc:
+            self._refuse(waiting, exc)
+        except Exception as exc:  # noqa: BLE001 - an OSError reading, a fault of ours admitting
+            log.exception("unexpected error submitting a request for model '%s'", request.model_name)
+            self._refuse(waiting, KernelError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    @staticmethod
+    def _refuse(waiting: _Waiting, error: KernelError) -> None:
+        request = waiting.request
+        if request.on_response is not None:
+            model = waiting.model
+            request.on_response(InferResponse(model.name, str(model.version), request.id, error=error))
