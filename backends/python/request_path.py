@@ -39,7 +39,9 @@ from kernel.backends.python.arena_views import ArenaViews
 from kernel.backends.python.board import BoardView
 from kernel.backends.python.cancel_grace import CancelGrace
 from kernel.backends.python.gpu_front import DeviceTensors
-from kernel.backends.python.input_copy import COPY_BESIDE_BYTES, Built, copy_beside, copy_here, running_loop
+from kernel.backends.python.input_copy import (
+    COPY_BESIDE_BYTES, Built, copy_beside, copy_here, running_loop, window_error,
+)
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.core.device_memory import kept_open, wire_form
 from kernel.core.errors import ErrorCode, KernelError
@@ -51,6 +53,7 @@ log = logging.getLogger("kernel.python")
 class RequestPath(BackendInstance):
     link_id = 0  # the primary; LinkedInstance: its link (1..254)
     relay = False  # True for a front's relay to the supervisor (kernel/serve/fronts): requests carry their model
+    takes_input_windows = True  # system shared-memory inputs are read straight into the arena (input_copy.py)
 
     def _init_path(self, source: ModelSource, name: str, kind: str, device_id: int, settings,
                    core: Optional[CoreHandle]) -> None:
@@ -86,6 +89,9 @@ class RequestPath(BackendInstance):
             self._cancelled.close()
         self._cancelled = CancelGrace(lambda: self._pending, self._give_up_cancelled)
         self._input_regions: dict[int, list[tuple[int, int]]] = {}
+        # Sent requests whose shared-memory input the client cut short while it was read into the
+        # arena (the rest zeroed): answered with that error, whatever the model says.
+        self._void: dict[int, KernelError] = {}
         self._keys = itertools.count(256 + self.link_id, 256)
         self._ready_checks: dict[int, asyncio.Future] = {}  # CheckReady and Usage keys -> their answer
         self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
@@ -200,11 +206,11 @@ class RequestPath(BackendInstance):
                 self._copy_beside(built, loop)
                 return
         try:
-            copy_here(built.copies)
+            void = copy_here(built.copies)
         except Exception as exc:  # noqa: BLE001 - as a failed encoding: undo and answer
-            self._unsent(requests, built.packed, exc)
+            self._unsent(built.requests, built.packed, exc)
             return
-        self._send_built(built)
+        self._send_built(built, void=void)
 
     def _build(self, requests: list[InferRequest]) -> Optional[Built]:
         """The Execute for `requests`, its large inputs' regions reserved; None when it cannot be
@@ -218,9 +224,18 @@ class RequestPath(BackendInstance):
         in_arena = False  # some input went to the arena: its regions are tracked below
         copies = []
         copy_bytes = 0
+        answered: Optional[set] = None  # ids of requests answered here, left out of the batch
         try:
             for request in requests:
                 check_correlation_id(request.correlation_id)
+                if request.shm is not None:
+                    error = window_error(request)
+                    if error is not None:  # the client shrank its object: this one is answered, the rest go
+                        self._fail_requests((request,), error)
+                        answered = answered or set()
+                        answered.add(id(request))
+                        continue
+                key = next(self._keys)
                 inputs = []
                 packed.append(inputs)
                 for t in request.inputs:
@@ -241,10 +256,9 @@ class RequestPath(BackendInstance):
                     else:  # a region now, its bytes once the batch is made (here or beside the loop)
                         segment, offset = arena.alloc(nbytes)
                         inputs.append(messages.Tensor(t.name, t.datatype, list(t.shape), None, segment, offset, nbytes))
-                        copies.append((arena.view(segment, offset, nbytes), raw))
+                        copies.append((arena.view(segment, offset, nbytes), raw, key))
                         copy_bytes += nbytes
                         in_arena = True
-                key = next(self._keys)
                 keys.append(key)
                 outputs = [o.name for o in request.outputs] if request.outputs else []
                 batch.append(
@@ -270,16 +284,19 @@ class RequestPath(BackendInstance):
                         trace_key = next(self._keys)
                     traced.append(request.trace)
                     batch[-1].trace_context = request.trace.context()  # what request.trace() gives the model
+            if not batch:
+                return None  # every request was answered: none of their inputs could be read
             execute = messages.Execute(batch, trace_key) if traced else messages.Execute(batch)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
-            self._unsent(requests, packed, exc)
+            self._unsent(_left(requests, answered), packed, exc)
             return None
-        return Built(requests, execute, keys, packed, traced, trace_key, in_arena, copies, copy_bytes, arena,
+        return Built(_left(requests, answered), execute, keys, packed, traced, trace_key, in_arena, copies, copy_bytes, arena,
                       self._copy_epoch)
 
-    def _send_built(self, built: Built, counted: bool = False) -> None:
+    def _send_built(self, built: Built, counted: bool = False, void: Optional[dict] = None) -> None:
         """Write the Execute, then count its requests as the worker's. counted: the batch is counted
-        in `executing` already (it waited for a copy beside the loop)."""
+        in `executing` already (it waited for a copy beside the loop). void: keys of requests whose
+        shared-memory input was cut short while copied (input_copy.py), with the error they get."""
         try:
             self.channel.send(built.execute)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
@@ -288,6 +305,8 @@ class RequestPath(BackendInstance):
                 self._executing = max(0, self._executing - 1)
             return
         # Sent: from here on the worker owns these requests until their final responses.
+        if void:
+            self._void.update(void)
         in_arena, traced = built.in_arena, built.traced
         for key, request, inputs in zip(built.keys, built.requests, built.packed):
             self._pending[key] = request
@@ -332,7 +351,7 @@ class RequestPath(BackendInstance):
                 ErrorCode.INTERNAL, f"Stub process '{self.name}' is not healthy."))
             self._executing = max(0, self._executing - 1)
         else:
-            self._send_built(built, counted=True)
+            self._send_built(built, counted=True, void=done.result())
         waiting, self._copying = self._copying, None
         while waiting:
             requests = waiting.popleft()
@@ -387,6 +406,7 @@ class RequestPath(BackendInstance):
         a response that still comes for it is dropped, its regions given back (_drop_response)."""
         request = self._pending.pop(key)
         self._input_regions.pop(key, None)
+        self._void.pop(key, None)
         _respond_error(request, KernelError(ErrorCode.CANCELLED, "Request was cancelled"), self.source)
 
     # ---- messages from the worker ----------------------------------------
@@ -456,7 +476,16 @@ class RequestPath(BackendInstance):
             if cancelled:
                 self._cancelled.answered(r.key, r.final)
             error = KernelError(ErrorCode[r.error.code], r.error.message) if r.error is not None else None
-            if r.reschedule:
+            reschedule = r.reschedule
+            if self._void and r.key in self._void:
+                # Its input was cut short while read into the arena: whatever the model made of the
+                # zeros, the client gets the read's error, once, with the final response.
+                self._drop_response(r)
+                if not r.final:
+                    continue
+                error = self._void.pop(r.key)
+                reschedule = False  # (not run again: it never had its bytes)
+            if reschedule:
                 self._reschedule(request)
                 continue
             if error is None:
@@ -542,6 +571,7 @@ class RequestPath(BackendInstance):
         pending, self._pending = self._pending, {}
         self._gpu.close(f"its process exited ({message})")
         self._input_regions.clear()
+        self._void.clear()
         self._cancelled.close()
         traced, self._traced = self._traced, {}
         for traces in traced.values():
@@ -553,6 +583,10 @@ class RequestPath(BackendInstance):
     def _announce_segment(self, index: int, segment) -> None:
         socket.send_fds(self._fd_sock, [b"\0"], [segment.fd])
         self.channel.send(messages.SegmentAdded(index, segment.size))
+
+
+def _left(requests: list, answered: Optional[set]) -> list:
+    return requests if not answered else [r for r in requests if id(r) not in answered]
 
 
 def _respond_error(request: InferRequest, error: KernelError, source) -> None:

@@ -60,6 +60,12 @@ class BackendInstance(abc.ABC):
     #: this process's queue.
     shared: bool = False
 
+    #: True when submit() takes an input whose `raw` is still a kernel.core.shared_memory.InputWindow
+    #: (a client's system shared-memory region, not read yet) and reads it straight into its own
+    #: memory, answering the request with the window's error if the client shrank the object.
+    #: Otherwise the core reads such inputs before the request is scheduled (kernel.core.input_reads).
+    takes_input_windows: bool = False
+
     @property
     def load(self) -> int:
         """The requests this instance holds server-wide, for every process that feeds it; the

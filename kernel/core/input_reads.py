@@ -1,11 +1,14 @@
 """Inputs in client shared-memory regions, read beside the loop; their requests still reach the
 model in the order they came.
 
-An input in a system shared-memory region is copied out of the client's object when its request
-is submitted (kernel.core.shared_memory says why a copy and not a mapping). A request whose
-inputs there add up to READ_BESIDE_BYTES or less is read on the loop (~0.6 ms per MiB on a
-2-core VM, page faults of the new buffer included); a larger one is read on a thread, where
-pread lets go of the GIL. On the loop, one 1 GiB input held every client of the front for ~0.6 s.
+An input in a system shared-memory region is copied out of the client's object (kernel.core.
+shared_memory says why a copy and not a mapping). A model whose instances take it unread
+(BackendInstance.takes_input_windows: the Python backend reads it straight into its arena, one
+copy in all) gets it so, unless it is BYTES (validation reads its elements) or the request is
+traced or cached (both read the bytes). Otherwise it is read here when the request is submitted:
+a request whose inputs there add up to READ_BESIDE_BYTES or less on the loop (~0.6 ms per MiB on
+a 2-core VM, page faults of the new buffer included), a larger one on a thread, where pread lets
+go of the GIL. On the loop, one 1 GiB input held every client of the front for ~0.6 s.
 
 While a request waits for its reads, the requests for the same model version submitted after it
 wait behind it, whatever they carry: a model sees its requests in the order they were submitted
@@ -31,6 +34,13 @@ log = logging.getLogger("kernel.core.input_reads")
 
 # A request whose unread shared-memory inputs add up to more than this is read on a thread.
 READ_BESIDE_BYTES = 2 << 20
+
+def _takes_windows(model) -> bool:
+    """Whether the model's instances read unread inputs themselves (BackendInstance.takes_input_windows),
+    and nothing before them needs the bytes (a response cache hashes them)."""
+    instances = model.instances
+    return bool(instances) and model.response_cache is None and all(i.takes_input_windows for i in instances)
+
 
 def _read(windows: list[InputWindow]) -> list:
     return [w.read() for w in windows]
@@ -65,6 +75,8 @@ class InputReads:
         tensors = None
         if request.shm is not None:
             tensors = [t for t in request.inputs if type(t._raw) is InputWindow]
+            if tensors and request.trace is None and _takes_windows(model):  # the backend reads them itself
+                tensors = [t for t in tensors if t.datatype == "BYTES"]  # (validation reads their elements)
             if tensors and sum(t._raw.nbytes for t in tensors) <= READ_BESIDE_BYTES:
                 for t in tensors:
                     t._raw = t._raw.read()

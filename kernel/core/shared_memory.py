@@ -11,11 +11,12 @@ through a mapping. Why: the client owns the object and can shrink it at any
 time; touching a mapped page past the new end raises SIGBUS, which kills the
 whole front process (issue 14 item 3). pread past the end is just a short read
 (answered 400), and each output write checks the object's current size first.
-The cost is one copy of each input (a backend copies it into its own arena
-anyway) and none extra for outputs. Every access is also bounds-checked
-against the registered window. Large inputs are read when the request is
-submitted (kernel.core.input_reads) and large outputs written as each response
-arrives (kernel.core.output_writes), both beside the event loop.
+The cost is one copy of each input (the Python backend reads a large one straight
+into its own arena: backends/python/input_copy.py) and none extra for outputs.
+Every access is also bounds-checked against the registered window. Inputs a
+backend does not take unread are read when the request is submitted
+(kernel.core.input_reads), and large outputs written as each response arrives
+(kernel.core.output_writes), both beside the event loop once large.
 
 Unregistering drops the registry's descriptor at once; a request still in
 flight keeps its windows (each holds the descriptor) and lets go of them when
@@ -44,7 +45,8 @@ from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest
 
 # An input of a system region up to this size is read as its request is parsed; a larger one is
-# left as an InputWindow, read when the request is submitted (kernel.core.input_reads).
+# left as an InputWindow (kernel.core.input_reads says who reads it). The Python backend sends
+# inputs up to this size inline (wire.INLINE_LIMIT), so every window it gets goes to its arena.
 READ_AT_ONCE_BYTES = 64 << 10
 # The most one pread is asked for (Linux returns at most 0x7ffff000 bytes per call).
 _ONE_READ_BYTES = 1 << 30
@@ -94,7 +96,8 @@ class SystemRegion:
 
 
 class InputWindow:
-    """An input's bytes in a client region, read when its request is submitted (kernel.core.input_reads).
+    """An input's bytes in a client region, not read yet: read when its request is submitted
+    (kernel.core.input_reads), or by a backend straight into its own memory (fill).
 
     It holds the object's descriptor, so a region unregistered before the read is still read
     through it, never through a descriptor number closed and reused meanwhile.
@@ -129,6 +132,28 @@ class InputWindow:
                 raise self.region.shrunk(at, n)
             done += got
         return out
+
+    def __len__(self) -> int:
+        return self.nbytes  # (request validation checks an input's byte size before it is read)
+
+    def fits(self) -> bool:
+        """Whether the object still holds the window's bytes (the client may have shrunk it)."""
+        return os.fstat(self.file.fd).st_size >= self.at + self.nbytes
+
+    def fill(self, out) -> Optional[KernelError]:
+        """Read the bytes straight into `out` (a writable buffer of nbytes: a backend's own memory,
+        one copy in all). If the object no longer holds them all, the rest of `out` is zeroed and
+        the error is returned, for whoever sent `out` on to answer the request with it."""
+        out = memoryview(out).cast("B")
+        n, at, fd = self.nbytes, self.at, self.file.fd
+        done = 0
+        while done < n:
+            got = os.preadv(fd, [out[done : done + _ONE_READ_BYTES]], at + done)
+            if got == 0:
+                np.frombuffer(out, np.uint8)[done:] = 0
+                return self.region.shrunk(at, n)
+            done += got
+        return None
 
     def release(self) -> None:
         self.file = None

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from kernel.core import shared_memory
+from kernel.core.backend import BackendInstance
 from kernel.core.errors import ErrorCode
 from kernel.core.input_reads import READ_BESIDE_BYTES, InputReads
 from kernel.core.output_writes import WRITE_BESIDE_BYTES, OutputWrites
@@ -31,8 +32,13 @@ assert READ_BESIDE_BYTES < LARGE and WRITE_BESIDE_BYTES < LARGE
 
 @dataclass(eq=False)
 class Model:
+    """As much of kernel.core.model.Model as InputReads reads: an instance that does not take
+    unread inputs (BackendInstance.takes_input_windows), so the core reads them itself."""
+
     name: str
     version: int = 1
+    instances: tuple = (BackendInstance,)
+    response_cache: object = None
 
 
 @pytest.fixture

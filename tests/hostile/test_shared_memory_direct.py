@@ -1,0 +1,145 @@
+"""An input in a client's system shared-memory region goes straight into the Python backend's arena,
+and a client that shrinks its object under it gets a 400 without taking its batch-mates along.
+
+The core leaves large unread inputs (kernel.core.shared_memory.InputWindow) to backends that take
+them (BackendInstance.takes_input_windows); the Python backend reads them with pread into the
+region it reserved for them (backends/python/input_copy.py): one copy instead of a read into a new
+buffer and a copy from it. These tests drive WorkerInstance.submit with a channel that encodes for
+real, without a worker process, and play the worker's responses back through _on_responses.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgspec
+import numpy as np
+import pytest
+
+from kernel.backends.python import messages
+from kernel.backends.python.instance import WorkerInstance, WorkerSettings
+from kernel.core.backend import ModelSource
+from kernel.core.errors import ErrorCode
+from kernel.core.request import InferRequest, InferTensor
+from kernel.core.shared_memory import InputWindow, RequestWindows, SharedMemoryManager
+
+SIZE = 1 << 20
+N = 256 * 1024  # each request's window: over the 64 KiB read at once, so left to the backend
+
+
+class EncodingChannel:
+    closed = False
+
+    def __init__(self):
+        self.encoder = msgspec.msgpack.Encoder()
+        self.sent = []
+
+    def send(self, message) -> None:
+        self.sent.append(msgspec.msgpack.decode(self.encoder.encode(message)))
+
+
+@pytest.fixture
+def inst():
+    source = ModelSource("m", 1, Path("/nonexistent/m"), Path("/nonexistent/m/1"), Path("/nonexistent"),
+                         SimpleNamespace(default_model_filename="", parameters={}), "{}")
+    inst = WorkerInstance(source, "m_0_0", "KIND_CPU", 0, WorkerSettings(shm_default_byte_size=4 << 20))
+    inst.healthy = True
+    inst.channel = EncodingChannel()
+    inst._fd_sock = SimpleNamespace(close=lambda: None)
+    inst._announce_segment = lambda index, segment: None
+    inst._arena.on_new_segment = None
+    yield inst
+    inst._arena.close()
+
+
+@pytest.fixture
+def region():
+    """Region 'r' over a fresh 1 MiB object holding 0, 1, 2, ... (mod 251); yields (manager, fd, content)."""
+    key = f"/kernel-direct-{uuid.uuid4().hex[:10]}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    content = (np.arange(SIZE) % 251).astype(np.uint8)
+    os.pwrite(fd, content.tobytes(), 0)
+    manager = SharedMemoryManager()
+    manager.register_system("r", key, 0, SIZE)
+    try:
+        yield manager, fd, content
+    finally:
+        manager.close()
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")
+
+
+def shm_request(manager, rid: str, offset: int) -> tuple[InferRequest, list]:
+    windows = RequestWindows()
+    raw = windows.hold(manager.input("r", offset, N))
+    assert type(raw) is InputWindow
+    r = InferRequest("m", "", rid, [InferTensor("IN", "UINT8", [N], raw=raw)])
+    r.shm = windows
+    got = []
+    r.on_response = got.append
+    return r, got
+
+
+def sent_requests(inst) -> list:
+    [execute] = inst.channel.sent
+    return execute[1]  # Execute: ["exec", requests, ...]; each request: [key, request_id, inputs, ...]
+
+
+def answer(inst, key: int) -> None:
+    """The worker's final response: one small inline output."""
+    inst._on_responses([messages.Response(key, [messages.Tensor("OUT", "UINT8", [1], b"\x01")])])
+
+
+def test_the_bytes_are_read_into_the_arena_region(inst, region):
+    manager, _, content = region
+    r, _ = shm_request(manager, "a", 4096)
+    inst.submit([r])
+    [sent] = sent_requests(inst)
+    [tensor] = sent[2]
+    segment, offset, nbytes = tensor[4], tensor[5], tensor[6]
+    assert nbytes == N
+    assert bytes(inst._arena.view(segment, offset, N)) == content[4096 : 4096 + N].tobytes()
+
+
+def test_a_shrunk_object_fails_only_its_own_request_before_the_batch_leaves(inst, region):
+    manager, fd, content = region
+    a, got_a = shm_request(manager, "a", 0)
+    b, got_b = shm_request(manager, "b", SIZE - N)
+    os.ftruncate(fd, SIZE // 2)  # b's window is gone, a's is whole
+    inst.submit([a, b])
+    assert len(got_b) == 1 and got_b[0].error.code is ErrorCode.INVALID_ARG
+    assert "shared memory region 'r'" in got_b[0].error.message and "made smaller" in got_b[0].error.message
+    [sent] = sent_requests(inst)
+    assert sent[1] == "a", "the batch did not go on without the request that could not be read"
+    assert inst.in_flight == 1 and inst._arena.allocated == N
+    answer(inst, sent[0])
+    assert len(got_a) == 1 and got_a[0].error is None and bytes(got_a[0].outputs[0].raw) == b"\x01"
+    assert inst.in_flight == 0
+
+
+def test_an_object_shrunk_during_the_read_answers_its_request_with_the_error(inst, region, monkeypatch):
+    """The client shrinks its object between the check and the read (the check is made to pass):
+    the rest of its region is zeroed, the batch goes, and whatever the model answers for that
+    request is replaced by the error; its batch-mate gets its own answer."""
+    manager, fd, _ = region
+    a, got_a = shm_request(manager, "a", 0)
+    b, got_b = shm_request(manager, "b", SIZE - N)
+    os.ftruncate(fd, SIZE - N // 2)  # half of b's window is gone
+    monkeypatch.setattr(InputWindow, "fits", lambda self: True)
+    inst.submit([a, b])
+    sent = sent_requests(inst)
+    assert [s[1] for s in sent] == ["a", "b"]
+    key_b = sent[1][0]
+    [tensor] = sent[1][2]
+    tail = bytes(inst._arena.view(tensor[4], tensor[5], N)[N // 2 :])
+    assert tail == b"\0" * (N // 2), "the part of the region the object no longer held is not zeroed"
+    for s in sent:
+        answer(inst, s[0])
+    assert len(got_a) == 1 and got_a[0].error is None
+    assert len(got_b) == 1 and got_b[0].error is not None and got_b[0].error.code is ErrorCode.INVALID_ARG
+    assert "made smaller" in got_b[0].error.message and got_b[0].final
+    assert not inst._void and inst.in_flight == 0
+    assert key_b not in inst._pending
