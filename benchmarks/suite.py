@@ -75,6 +75,9 @@ def _perf(name, title, model, proto, c, extra=(), target="", ratio=None, unit="i
 
 MIB4 = ("--shape", "INPUT0:1048576")
 MIB16 = ("--shape", "INPUT0:4194304")
+# The same tensors through system shared memory (the client's regions; the body carries no data).
+SHM4 = (*MIB4, "--shared-memory", "system", "--output-shared-memory-size", str(4 << 20))
+SHM16 = (*MIB16, "--shared-memory", "system", "--output-shared-memory-size", str(16 << 20))
 REPEAT = ("--streaming", "--shape", "IN:100", "--shape", "DELAY:100", "--input-data", "zero")
 SCENARIOS = [
     _perf("add_sub_http_c1", "add_sub HTTP c=1", "add_sub", "http", 1, target="≥ 1.25×", ratio=1.25),
@@ -89,6 +92,14 @@ SCENARIOS = [
     _perf("identity_4m_grpc_c2", "identity FP32 4 MiB gRPC c=2", "identity_fp32", "grpc", 2, MIB4, "≥ 1.5×", 1.5),
     _perf("identity_16m_http_c2", "identity FP32 16 MiB HTTP c=2", "identity_fp32", "http", 2, MIB16, "≥ 1.5×", 1.5),
     _perf("identity_16m_grpc_c2", "identity FP32 16 MiB gRPC c=2", "identity_fp32", "grpc", 2, MIB16, "≥ 1.5×", 1.5),
+    _perf("identity_4m_shm_http_c2", "identity FP32 4 MiB, system shared memory, HTTP c=2", "identity_fp32", "http",
+          2, SHM4, "(reported)"),
+    _perf("identity_4m_shm_grpc_c2", "identity FP32 4 MiB, system shared memory, gRPC c=2", "identity_fp32", "grpc",
+          2, SHM4, "(reported)"),
+    _perf("identity_16m_shm_http_c2", "identity FP32 16 MiB, system shared memory, HTTP c=2", "identity_fp32", "http",
+          2, SHM16, "(reported)"),
+    _perf("identity_16m_shm_grpc_c2", "identity FP32 16 MiB, system shared memory, gRPC c=2", "identity_fp32", "grpc",
+          2, SHM16, "(reported)"),
     _perf("decoupled_grpc_c1", "decoupled repeat, 100 responses/request, gRPC stream c=1", "repeat_int32", "grpc",
           1, REPEAT, "keep (≥ 2×)", 2.0, "req/s"),
     _perf("decoupled_grpc_c4", "decoupled repeat, 100 responses/request, gRPC stream c=4", "repeat_int32", "grpc",
@@ -105,6 +116,7 @@ GROUPS = {
     "c1": ["add_sub_http_c1", "add_sub_grpc_c1"],
     "batched": [s.name for s in SCENARIOS if s.model == "add_sub_batched"],
     "identity": [s.name for s in SCENARIOS if s.model == "identity_fp32"],
+    "shm": [s.name for s in SCENARIOS if "--shared-memory" in s.extra],
     "decoupled": [s.name for s in SCENARIOS if s.model == "repeat_int32"],
     "perf": [s.name for s in SCENARIOS if s.kind == "perf"],
     "memory": ["memory_idle"],

@@ -118,7 +118,8 @@ class InputWindow:
         ~2 GiB per call: a larger input is read in pieces into one buffer, which numpy leaves
         unfilled until the kernel writes it.
         """
-        n, at, fd = self.nbytes, self.at, self.file.fd
+        file = self.file  # (held to the end: its descriptor stays open while read, on any thread)
+        n, at, fd = self.nbytes, self.at, file.fd
         if n <= _ONE_READ_BYTES:
             data = os.pread(fd, n, at) if n else b""
             if len(data) != n:
@@ -145,7 +146,8 @@ class InputWindow:
         one copy in all). If the object no longer holds them all, the rest of `out` is zeroed and
         the error is returned, for whoever sent `out` on to answer the request with it."""
         out = memoryview(out).cast("B")
-        n, at, fd = self.nbytes, self.at, self.file.fd
+        file = self.file  # (held to the end: its descriptor stays open while read, on any thread)
+        n, at, fd = self.nbytes, self.at, file.fd
         done = 0
         while done < n:
             got = os.preadv(fd, [out[done : done + _ONE_READ_BYTES]], at + done)
