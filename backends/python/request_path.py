@@ -290,8 +290,9 @@ class RequestPath(BackendInstance):
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
             self._unsent(_left(requests, answered), packed, exc)
             return None
-        return Built(_left(requests, answered), execute, keys, packed, traced, trace_key, in_arena, copies, copy_bytes, arena,
-                      self._copy_epoch)
+        taken = _left(requests, answered)
+        return Built(taken, execute, keys, packed, traced, trace_key, in_arena, copies, copy_bytes, arena,
+                     self._copy_epoch)
 
     def _send_built(self, built: Built, counted: bool = False, void: Optional[dict] = None) -> None:
         """Write the Execute, then count its requests as the worker's. counted: the batch is counted

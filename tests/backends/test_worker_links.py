@@ -390,6 +390,13 @@ def test_a_batch_with_a_queue_delay_asks_every_front_for_what_it_queued(tmp_path
             def x(v):
                 return fp32("X", np.full((1, 4), v, dtype=np.float32))
 
+            # Each link carries a request first, so the worker serves both before the tries: a link still
+            # being set up in the worker when link 1's batch came was not asked (no Gather), and its
+            # request, held here and not by a batcher that would send it after its own delay, never
+            # ran (the 30 s timeout below; 4 runs in 10 on one afternoon, in CI once).
+            for inst in (one, two):
+                warm = await infer(inst, [x(1)])
+                assert warm.error is None, warm.error
             merged = []
             # A front that answers the Gather after its 2 ms bound (a loaded 2-core box: the test's loop
             # not scheduled in time) is not waited for; its request then runs in a batch of its own.
