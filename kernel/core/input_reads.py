@@ -35,6 +35,7 @@ log = logging.getLogger("kernel.core.input_reads")
 # A request whose unread shared-memory inputs add up to more than this is read on a thread.
 READ_BESIDE_BYTES = 2 << 20
 
+
 def _takes_windows(model) -> bool:
     """Whether the model's instances read unread inputs themselves (BackendInstance.takes_input_windows),
     and nothing before them needs the bytes (a response cache hashes them)."""

@@ -7,15 +7,17 @@ faults included), every other client of the front waiting with it. Now any messa
 up to the message size limit is read straight into its own buffer, and a batch with more than
 8 MiB of inputs is copied into the arena on a thread (backends/python/input_copy.py). This
 test sends one such request to a real `kernel serve --grpc-server native` with the bytes built
-before the liveness probe starts (a client serialising 1 GiB of protobuf holds the test
-process's GIL, which would freeze the probe itself), and checks the answer byte for byte.
+before the liveness probe starts, from a process of its own (a client sending 1 GiB holds its
+process's GIL for a while, which would freeze a probe beside it), and checks the answer byte for byte.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as tc_pb
@@ -54,24 +56,52 @@ def infer_message(data: np.ndarray) -> bytes:
     return b"".join([head, b"\x3a", _varint(data.nbytes), data.data])
 
 
+# The client, in a process of its own: grpcio copies a 1 GiB message into its send buffers holding
+# the GIL of the process that sends it, and a probe thread beside it then measured that client's
+# pause (0.7-2.6 s in some runs), not the server's.
+CLIENT = r"""
+import sys
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as tc_pb
+sys.path[:0] = [sys.argv[2], sys.argv[3]]  # this folder, and tests/ (its conftest: ROOT, KernelProcess)
+from test_large_inputs import INFER, infer_message
+n = (1 << 28) + 1024  # floats: 1 GiB + 4 KiB, past the old 1 GiB cap on direct reads
+data = np.arange(n, dtype=np.uint32).view(np.float32)
+message = infer_message(data)
+assert len(message) > 1 << 30
+options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+with grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}", options=options) as channel:
+    call = channel.unary_unary(INFER)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    answer = call(message, timeout=300)
+del message
+response = tc_pb.ModelInferResponse.FromString(answer)
+del answer
+assert [o.name for o in response.outputs] == ["OUTPUT0"] and list(response.outputs[0].shape) == [n], response.outputs
+assert len(response.raw_output_contents) == 1
+out = np.frombuffer(response.raw_output_contents[0], np.float32)
+assert out.nbytes == data.nbytes and np.array_equal(out.view(np.uint32), data.view(np.uint32)), "not the input"
+print("answered byte for byte", flush=True)
+"""
+
+
 def test_a_request_over_1_gib_is_answered_without_freezing_the_front(server):
-    n = (1 << 28) + 1024  # floats: 1 GiB + 4 KiB, past the old 1 GiB cap on direct reads
-    data = np.arange(n, dtype=np.uint32).view(np.float32)
-    message = infer_message(data)
-    assert len(message) > 1 << 30
-    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", options=options) as channel:
-        call = channel.unary_unary(INFER)
+    here = Path(__file__).resolve().parent
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(server.grpc_port), str(here), str(here.parent)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "ready", client.stderr.read()
         with LivenessProbe(server.url) as probe:
-            answer = call(message, timeout=300)
-        del message
+            client.stdin.write("\n")
+            client.stdin.flush()
+            out, err = client.communicate(timeout=300)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
     print(probe.summary())
-    response = tc_pb.ModelInferResponse.FromString(answer)
-    del answer
-    assert [o.name for o in response.outputs] == ["OUTPUT0"] and list(response.outputs[0].shape) == [n]
-    assert len(response.raw_output_contents) == 1
-    out = np.frombuffer(response.raw_output_contents[0], np.float32)
-    assert out.nbytes == data.nbytes and np.array_equal(out.view(np.uint32), data.view(np.uint32)), \
-        "the answer is not the 1 GiB input"
+    assert client.returncode == 0 and "answered byte for byte" in out, f"the client failed:\n{out}\n{err}"
     assert len(probe.latencies_ms) >= 10, probe.summary()
     assert probe.max_ms() < MAX_FREEZE_MS, f"/v2/health/live froze while the request was read and copied: {probe.summary()}"
