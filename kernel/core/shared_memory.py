@@ -95,13 +95,10 @@ class SystemRegion:
         )
 
 
-class InputWindow:
-    """An input's bytes in a client region, not read yet: read when its request is submitted
-    (kernel.core.input_reads), or by a backend straight into its own memory (fill).
-
-    It holds the object's descriptor, so a region unregistered before the read is still read
-    through it, never through a descriptor number closed and reused meanwhile.
-    """
+class _Window:
+    """A span of a client's object that one tensor of a request reads or writes. It holds the
+    object's descriptor until the request lets go of it, so a region unregistered meanwhile is
+    still reached through it, never through a descriptor number closed and reused meanwhile."""
 
     __slots__ = ("region", "file", "at", "nbytes")
 
@@ -111,6 +108,16 @@ class InputWindow:
         self.at = at  # offset in the shared-memory object
         self.nbytes = nbytes
 
+    def release(self) -> None:
+        self.file = None
+
+
+class InputWindow(_Window):
+    """An input's bytes in a client region, not read yet: read when its request is submitted
+    (kernel.core.input_reads), or by a backend straight into its own memory (fill)."""
+
+    __slots__ = ()
+
     def read(self) -> "bytes | memoryview":
         """A copy of the bytes; KernelError(INVALID_ARG) when the object no longer holds them.
 
@@ -118,20 +125,17 @@ class InputWindow:
         ~2 GiB per call: a larger input is read in pieces into one buffer, which numpy leaves
         unfilled until the kernel writes it.
         """
-        file = self.file  # (held to the end: its descriptor stays open while read, on any thread)
-        n, at, fd = self.nbytes, self.at, file.fd
+        n = self.nbytes
         if n <= _ONE_READ_BYTES:
-            data = os.pread(fd, n, at) if n else b""
+            file = self.file  # (held to the end: its descriptor stays open while read, on any thread)
+            data = os.pread(file.fd, n, self.at) if n else b""
             if len(data) != n:
-                raise self.region.shrunk(at, n)
+                raise self.region.shrunk(self.at, n)
             return data
         out = memoryview(np.empty(n, np.uint8))
-        done = 0
-        while done < n:
-            got = os.preadv(fd, [out[done:]], at + done)
-            if got == 0:
-                raise self.region.shrunk(at, n)
-            done += got
+        error = self.fill(out)
+        if error is not None:
+            raise error
         return out
 
     def __len__(self) -> int:
@@ -157,20 +161,11 @@ class InputWindow:
             done += got
         return None
 
-    def release(self) -> None:
-        self.file = None
 
-
-class OutputWindow:
+class OutputWindow(_Window):
     """Where one output goes in a client region: written with pwrite once the object's size is checked."""
 
-    __slots__ = ("region", "file", "at", "nbytes")
-
-    def __init__(self, region: SystemRegion, at: int, nbytes: int):
-        self.region = region
-        self.file = region.file
-        self.at = at  # offset in the shared-memory object
-        self.nbytes = nbytes
+    __slots__ = ()
 
     def write(self, data) -> None:
         """Write `data` (at most nbytes) at the start of the window; KernelError if the object shrank."""
@@ -182,9 +177,6 @@ class OutputWindow:
         done = 0
         while done < n:
             done += os.pwrite(fd, data[done:], self.at + done)
-
-    def release(self) -> None:
-        self.file = None
 
 
 def _open_key(key: str) -> int:
@@ -349,7 +341,7 @@ class RequestWindows:
         """Keep a window until the request ends: an output's, an input's not read yet (its
         descriptor), a CUDA input left on the GPU (so the request is marked as using shared memory).
         An input's bytes already read are a copy: nothing to hold."""
-        if isinstance(window, (OutputWindow, InputWindow, CudaOutputWindow, DeviceBuffer)):
+        if isinstance(window, (_Window, CudaOutputWindow, DeviceBuffer)):
             self.held.append(window)
         return window
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +22,8 @@ from kernel.core.errors import ErrorCode
 from kernel.core.input_reads import READ_BESIDE_BYTES, InputReads
 from kernel.core.output_writes import WRITE_BESIDE_BYTES, OutputWrites
 from kernel.core.request import InferRequest, InferResponse, InferTensor
-from kernel.core.shared_memory import InputWindow, OutputWindow, RequestWindows, SharedMemoryManager
+from kernel.core.shared_memory import InputWindow, RequestWindows
+from shm_objects import input_request, registered_object
 
 MIB = 1 << 20
 LARGE = 3 * MIB
@@ -44,27 +44,8 @@ class Model:
 @pytest.fixture
 def region():
     """A registered 4 MiB region 'r' over a fresh /dev/shm object holding 0, 1, 2, ... (uint8)."""
-    key = f"/kernel-beside-{uuid.uuid4().hex[:10]}"
-    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    content = (np.arange(4 * MIB) % 251).astype(np.uint8)
-    os.pwrite(fd, content.tobytes(), 0)
-    manager = SharedMemoryManager()
-    manager.register_system("r", key, 0, 4 * MIB)
-    try:
-        yield manager, fd, content
-    finally:
-        manager.close()
-        os.close(fd)
-        os.unlink(f"/dev/shm{key}")
-
-
-def shm_request(manager: SharedMemoryManager, rid: str, offset: int, size: int) -> InferRequest:
-    """A request with one UINT8 input of `size` bytes at `offset` of region 'r', as a codec builds it."""
-    windows = RequestWindows()
-    raw = windows.hold(manager.input("r", offset, size))
-    request = InferRequest("m", id=rid, inputs=[InferTensor("IN", "UINT8", [size], raw=raw)])
-    request.shm = windows
-    return request
+    with registered_object(4 * MIB) as made:
+        yield made
 
 
 async def settle(reads_or_writes, timeout: float = 10.0) -> None:
@@ -79,7 +60,7 @@ async def test_requests_behind_a_large_read_reach_the_model_in_order(region):
     admitted = []
     reads = InputReads(lambda model, request: admitted.append((model.name, request.id)))
     m, other = Model("m"), Model("other")
-    large = shm_request(manager, "large", MIB, LARGE)
+    large = input_request(manager, "large", MIB, LARGE)
     assert type(large.inputs[0]._raw) is InputWindow  # not read while parsed
     small = InferRequest("m", id="after")  # nothing to read, but it came after `large`
     assert reads.take(m, large) is True
@@ -95,7 +76,7 @@ async def test_requests_behind_a_large_read_reach_the_model_in_order(region):
 async def test_small_reads_are_done_at_once(region):
     manager, _, content = region
     reads = InputReads(lambda model, request: pytest.fail("admitted by InputReads"))
-    request = shm_request(manager, "small", 100, READ_BESIDE_BYTES)
+    request = input_request(manager, "small", 100, READ_BESIDE_BYTES)
     assert reads.take(Model("m"), request) is False
     assert bytes(request.inputs[0].raw) == content[100 : 100 + READ_BESIDE_BYTES].tobytes()
 
@@ -105,7 +86,7 @@ async def test_a_shrunk_object_fails_its_request_and_the_next_goes_on(region):
     admitted, answers = [], []
     reads = InputReads(lambda model, request: admitted.append(request.id))
     m = Model("m")
-    large = shm_request(manager, "large", 0, LARGE)
+    large = input_request(manager, "large", 0, LARGE)
     large.on_response = answers.append
     os.ftruncate(fd, MIB)  # the client shrinks its object after the request was parsed
     assert reads.take(m, large) is True

@@ -11,20 +11,19 @@ real, without a worker process, and play the worker's responses back through _on
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
 import msgspec
-import numpy as np
 import pytest
 
 from kernel.backends.python import messages
 from kernel.backends.python.instance import WorkerInstance, WorkerSettings
 from kernel.core.backend import ModelSource
 from kernel.core.errors import ErrorCode
-from kernel.core.request import InferRequest, InferTensor
-from kernel.core.shared_memory import InputWindow, RequestWindows, SharedMemoryManager
+from kernel.core.request import InferRequest
+from kernel.core.shared_memory import InputWindow
+from shm_objects import input_request, registered_object
 
 SIZE = 1 << 20
 N = 256 * 1024  # each request's window: over the 64 KiB read at once, so left to the backend
@@ -58,26 +57,13 @@ def inst():
 @pytest.fixture
 def region():
     """Region 'r' over a fresh 1 MiB object holding 0, 1, 2, ... (mod 251); yields (manager, fd, content)."""
-    key = f"/kernel-direct-{uuid.uuid4().hex[:10]}"
-    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    content = (np.arange(SIZE) % 251).astype(np.uint8)
-    os.pwrite(fd, content.tobytes(), 0)
-    manager = SharedMemoryManager()
-    manager.register_system("r", key, 0, SIZE)
-    try:
-        yield manager, fd, content
-    finally:
-        manager.close()
-        os.close(fd)
-        os.unlink(f"/dev/shm{key}")
+    with registered_object(SIZE) as made:
+        yield made
 
 
 def shm_request(manager, rid: str, offset: int) -> tuple[InferRequest, list]:
-    windows = RequestWindows()
-    raw = windows.hold(manager.input("r", offset, N))
-    assert type(raw) is InputWindow
-    r = InferRequest("m", "", rid, [InferTensor("IN", "UINT8", [N], raw=raw)])
-    r.shm = windows
+    r = input_request(manager, rid, offset, N)
+    assert type(r.inputs[0]._raw) is InputWindow
     got = []
     r.on_response = got.append
     return r, got
