@@ -30,6 +30,12 @@ WINDOW_UPDATE_DIVISOR = 4
 RECV_BUFFER = 256 * 1024
 
 
+# The most one read straight into a message takes. libuv goes on reading a socket while each read
+# fills its buffer, up to 32 reads before the loop turns: with whole 1 MiB frame payloads as the
+# buffers, a client streaming a large message held the loop for 30-40 ms a turn on a 2-core box.
+DIRECT_READ_MAX = 256 * 1024
+
+
 class DataInputMixin:
     """The DATA-reading half of Http2Connection."""
 
@@ -39,7 +45,7 @@ class DataInputMixin:
         if self.data_left:
             s = self.data_stream
             if s is not None and not s.closed:
-                target = self.body_target(s, self.data_left)
+                target = self.body_target(s, min(self.data_left, DIRECT_READ_MAX))
                 if target is not None:
                     self.direct = True
                     return target
