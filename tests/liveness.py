@@ -8,6 +8,7 @@ connection to 127.0.0.1.
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -67,3 +68,25 @@ class LivenessProbe:
     def summary(self) -> str:
         return (f"{len(self.latencies_ms)} probes, p99 {self.p99_ms():.1f} ms, max {self.max_ms():.1f} ms, "
                 f"{len(self.errors)} failed")
+
+
+def probe_client(address: str, argv: list[str], timeout: float = 300) -> tuple[LivenessProbe, str, str, int]:
+    """Run a client process (`argv`) with the probe on `address` while it works.
+
+    The client prints "ready" once its request is built and waits for a line on stdin; the probe
+    starts just before that line is sent and stops when the client exits. A client sending a large
+    request runs in a process of its own: its serialisation holds its process's GIL, and a probe
+    beside it would measure that. Returns (probe, stdout, stderr, exit status)."""
+    client = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "ready", client.stderr.read()
+        with LivenessProbe(address) as probe:
+            client.stdin.write("\n")
+            client.stdin.flush()
+            out, err = client.communicate(timeout=timeout)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    print(probe.summary())
+    return probe, out, err, client.returncode

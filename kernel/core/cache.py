@@ -14,8 +14,14 @@ Why it lives in the core and works this way:
   version is named by its ModelStats object, which each load creates anew: a reloaded model
   never answers from its previous load's entries, and an in-flight miss of an unloaded version
   cannot store an entry that a new load would hit. tritonserver 2.51 leaves the parameters out
-  (a model that reads them got another request's answer); Kernel keeps them in. The key holds the
-  input bytes themselves rather than a digest, so two different requests can never share an entry.
+  (a model that reads them got another request's answer); Kernel keeps them in. The key holds an
+  input's bytes themselves up to 64 KiB, and the SHA-256 digest of a larger one (as the Redis
+  cache's key does): two requests share an entry only if their inputs are the same bytes or
+  collide in SHA-256. A request with more than 2 MiB of inputs has its key hashed on a thread
+  before it is admitted (kernel.core.input_reads, in order with the model's other requests), and
+  a response with more than 2 MiB of outputs is copied into its entry on a thread before it goes
+  on to its client: on the loop, one 256 MiB request held every client of the front for
+  0.4-0.6 s (the key's copy and hash, the entry's copy).
 - A hit answers with the outputs the request asked for. Triton answers a hit
   with every output stored, even ones the request did not ask for; here an
   entry that lacks an output the request asks for counts as a miss, and a
@@ -31,7 +37,8 @@ Why it lives in the core and works this way:
 - Decoupled models cannot enable the cache (kernel.config.pbtxt refuses them
   with Triton's message), so a miss always ends in exactly one final response.
 
-Everything runs on the front process's event loop: no locks.
+Everything runs on the front process's event loop (no locks) but the hashing of a large request's
+key and the copying of a large response into its entry, which run on kernel.core.beside's threads.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ import time
 from collections import OrderedDict
 from typing import Optional
 
+import numpy as np
+
+from kernel.core.beside import run_beside
 from kernel.core.cache_entry import stored_answer
 from kernel.core.cache_key import local_key, local_key_bytes
 from kernel.core.request import InferRequest, InferResponse, InferTensor
@@ -51,6 +61,9 @@ log = logging.getLogger("kernel.core.cache")
 # rough figure so that many tiny entries cannot exceed the configured size by
 # much in real memory.
 ENTRY_OVERHEAD_BYTES = 128
+
+# A response with more output bytes than this is copied into its entry on a thread.
+COPY_BESIDE_BYTES = 2 << 20
 
 _now_ns = time.monotonic_ns
 
@@ -96,6 +109,18 @@ def create_cache(cache_config: dict[str, dict[str, str]]):
     return ResponseCache(size)
 
 
+def _copies(views: list) -> list:
+    """Read-only copies of `views`, made with numpy, which lets go of the GIL while it copies
+    (bytes() of a view would hold it, and with it the loop)."""
+    out = []
+    for view in views:
+        copy = np.empty(view.nbytes, np.uint8)
+        np.copyto(copy, np.frombuffer(view, np.uint8))
+        copy.flags.writeable = False
+        out.append(memoryview(copy))
+    return out
+
+
 class _Entry:
     __slots__ = ("outputs", "parameters", "all_outputs", "nbytes")
 
@@ -128,7 +153,7 @@ class ResponseCache:
         self.rejected = 0  # entries found unusable: none here (this process wrote them); the redis cache's can be
         self.lookup_ns = 0  # hits and misses
         self.insertion_ns = 0
-        self.pending = 0  # lookups in progress (the redis cache's are asynchronous; these never are)
+        self.pending = 0  # responses waiting for their copy into the cache (the redis cache: its lookups)
 
     async def open(self) -> None:
         """Nothing to connect to (the redis cache connects here)."""
@@ -152,6 +177,13 @@ class ResponseCache:
 
     # ---- the request path -------------------------------------------------------
 
+    @staticmethod
+    def key(model, request: InferRequest) -> tuple:
+        """The request's key (kernel.core.cache_key); large inputs are in it as digests, hashed with
+        the GIL let go, so a large request's key is computed on a thread before it is admitted
+        (kernel.core.input_reads)."""
+        return local_key(model, request)
+
     def serve(self, model, request: InferRequest) -> bool:
         """Answer `request` from the cache (True), or arrange for its response to be stored (False).
 
@@ -160,7 +192,7 @@ class ResponseCache:
         delivered already and the model must not be scheduled.
         """
         start = _now_ns()
-        key = local_key(model, request)
+        key = request.cache_key if request.cache_key is not None else local_key(model, request)
         entry = self._entries.get(key)
         outputs = entry.answer(request.outputs) if entry is not None else None
         if outputs is not None:
@@ -181,26 +213,50 @@ class ResponseCache:
 
         def on_response(response: InferResponse) -> None:
             if response.final:
-                inserted_ns = 0
                 if response.error is None:
                     t0 = _now_ns()
-                    self._insert(key, response, all_outputs)
+                    raws = [memoryview(t.raw) for t in response.outputs]
+                    nbytes = ENTRY_OVERHEAD_BYTES + local_key_bytes(key) + sum(v.nbytes for v in raws)
+                    if nbytes > self.size:
+                        log.debug("response of %d bytes does not fit in the %d-byte response cache; not stored",
+                                  nbytes, self.size)
+                    elif nbytes > COPY_BESIDE_BYTES:
+                        # Copied on a thread; the response waits for it (its buffers may be reused
+                        # once it is sent) and counts as pending, so a graceful stop waits too.
+                        self.pending += 1
+                        copying = run_beside(_copies, raws)
+                        copying.add_done_callback(
+                            lambda done: self._copied(done, key, response, all_outputs, nbytes, t0, lookup_ns, stats, deliver))
+                        return
+                    else:
+                        self._insert(key, response, [v.tobytes() for v in raws], all_outputs, nbytes)
                     inserted_ns = _now_ns() - t0
                     self.insertion_ns += inserted_ns
-                stats.record_cache_miss(lookup_ns + inserted_ns)
+                    stats.record_cache_miss(lookup_ns + inserted_ns)
+                else:
+                    stats.record_cache_miss(lookup_ns)
             deliver(response)
 
         request.on_response = on_response
         return False
 
-    def _insert(self, key: tuple, response: InferResponse, all_outputs: bool) -> None:
-        # Copy the output bytes: the response's buffers may belong to a worker's
-        # arena or a transport's body and are reused once the response is sent.
-        outputs = [InferTensor(t.name, t.datatype, t.shape, raw=bytes(t.raw)) for t in response.outputs]
-        nbytes = ENTRY_OVERHEAD_BYTES + local_key_bytes(key) + sum(len(t.raw) for t in outputs)
-        if nbytes > self.size:
-            log.debug("response of %d bytes does not fit in the %d-byte response cache; not stored", nbytes, self.size)
-            return
+    def _copied(self, done, key, response: InferResponse, all_outputs: bool, nbytes: int, t0: int, lookup_ns: int,
+                stats, deliver) -> None:
+        """A large response's outputs were copied on a thread: store them, then send it on."""
+        self.pending -= 1
+        try:
+            self._insert(key, response, done.result(), all_outputs, nbytes)
+        except Exception:  # noqa: BLE001 - not stored; the client still gets its answer
+            log.exception("storing a response in the response cache failed")
+        inserted_ns = _now_ns() - t0
+        self.insertion_ns += inserted_ns
+        stats.record_cache_miss(lookup_ns + inserted_ns)
+        deliver(response)
+
+    def _insert(self, key: tuple, response: InferResponse, raws: list, all_outputs: bool, nbytes: int) -> None:
+        # `raws`: copies of the output bytes (the response's buffers may belong to a worker's arena
+        # or a transport's body and are reused once the response is sent).
+        outputs = [InferTensor(t.name, t.datatype, t.shape, raw=raw) for t, raw in zip(response.outputs, raws)]
         old = self._entries.pop(key, None)
         if old is not None:
             self.used -= old.nbytes

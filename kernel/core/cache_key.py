@@ -4,7 +4,7 @@ this process) and the Redis cache's (the same fields, hashed, the same in every 
 The key covers everything of a request that reaches the model and can change its answer:
 
 - every input's name, datatype, shape and bytes (inputs in name order: their order in the request
-  does not matter);
+  does not matter; in the local key, an input over KEY_BYTES_INLINE as its SHA-256 digest);
 - the request parameters (`request.parameters()` in a Python model, `parameters` of a bound
   callable's request): what KServe clients send as parameters, the headers
   --http/grpc-header-forward-pattern forwards, and the OpenAI API's sampling fields (temperature,
@@ -36,6 +36,12 @@ import msgspec
 
 REDIS_KEY_PREFIX = b"kernel:response-cache:v2:"
 
+# The local key holds an input's bytes up to this size, and a SHA-256 digest of larger ones: the
+# digest of 64 KiB costs ~40 us, and an entry of a large request no longer keeps a second copy of
+# its input. What a digest part costs in the cache's byte accounting:
+KEY_BYTES_INLINE = 64 << 10
+DIGEST_PART_BYTES = 48
+
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
@@ -50,21 +56,35 @@ def request_extras(request) -> bytes:
     return _canonical([params or {}, cid, flags])
 
 
+def _input_part(t) -> tuple:
+    """An input as the local key holds it: its bytes up to KEY_BYTES_INLINE, beyond that a
+    ("sha256", size, digest) tuple, which never equals any input's bytes. A digest is computed
+    with hashlib, which lets go of the GIL: a large request's key is hashed beside the loop
+    (kernel.core.input_reads), where a copy of its bytes would have held the loop."""
+    view = memoryview(t.raw)
+    if view.nbytes <= KEY_BYTES_INLINE:
+        return (t.name, t.datatype, t.shape, view.tobytes())
+    return (t.name, t.datatype, t.shape, ("sha256", view.nbytes, hashlib.sha256(view).digest()))
+
+
 def local_key(model, request) -> tuple:
     """The local cache's key: this load of the model version (its ModelStats, so a reloaded model
     never answers from its previous load's entries), every input, and the extras."""
     inputs = request.inputs
     if len(inputs) == 1:
-        t = inputs[0]
-        parts = ((t.name, t.datatype, t.shape, bytes(t.raw)),)
+        parts = (_input_part(inputs[0]),)
     else:
-        parts = tuple(sorted((t.name, t.datatype, t.shape, bytes(t.raw)) for t in inputs))
+        parts = tuple(sorted((_input_part(t) for t in inputs), key=_name))
     return (model.stats, parts, request_extras(request))
+
+
+def _name(part: tuple) -> str:
+    return part[0]
 
 
 def local_key_bytes(key: tuple) -> int:
     """What a local key holds, for the cache's byte accounting."""
-    return sum(len(p[3]) + len(p[0]) for p in key[1]) + len(key[2])
+    return sum((len(p[3]) if type(p[3]) is bytes else DIGEST_PART_BYTES) + len(p[0]) for p in key[1]) + len(key[2])
 
 
 def redis_key(model, request) -> bytes:

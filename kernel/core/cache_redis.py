@@ -166,6 +166,12 @@ class RedisCache:
 
     # ---- the request path -------------------------------------------------------------
 
+    @staticmethod
+    def key(model, request: InferRequest) -> bytes:
+        """The request's key (kernel.core.cache_key); hashlib lets go of the GIL, so a large one is
+        hashed on a thread before the request is admitted (kernel.core.input_reads)."""
+        return redis_key(model, request)
+
     def serve(self, model, request: InferRequest) -> bool:
         """Take the request over (True): its lookup joins the next batch (or the one out for the same
         key), and the answer either answers it or schedules it. While the circuit breaker is open, a
@@ -174,7 +180,7 @@ class RedisCache:
         if self._breaker_open() or self.client is None:
             self._miss(model, request, None, start)
             return False
-        key = redis_key(model, request)
+        key = request.cache_key if request.cache_key is not None else redis_key(model, request)
         self.pending += 1
         waiting = self._waiting.get(key)
         if waiting is not None:

@@ -173,6 +173,7 @@ class InferRequest:
         "shm",
         "trace",
         "device_outputs",
+        "cache_key",
     )
 
     def __init__(
@@ -214,6 +215,9 @@ class InferRequest:
         # Outputs whoever gets the responses can take in GPU memory, as CUDA IPC handles, not bytes
         # (kernel.core.device_memory): None for none (the common case), ALL_OUTPUTS, or a set of names.
         self.device_outputs: Any = None
+        # Its response-cache key when it was hashed beside the loop before admission (a large request
+        # of a caching model, kernel.core.input_reads); None: the cache computes it on the loop.
+        self.cache_key: Any = None
 
     def input(self, name: str) -> Optional[InferTensor]:
         for t in self.inputs:

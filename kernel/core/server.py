@@ -185,8 +185,9 @@ class Server:
         model = self.registry.get(request.model_name, request.model_version)
         if request.shm is not None:
             take_device_inputs(request)  # CUDA shared-memory inputs stay on the GPU
-        if (request.shm is not None or self.input_reads.count) and self.input_reads.take(model, request):
-            return  # large shared-memory inputs read beside the loop, or waiting behind such a request
+        if (request.shm is not None or self.input_reads.count or model.response_cache is not None) \
+                and self.input_reads.take(model, request):
+            return  # large shared-memory inputs read or a large cache key hashed beside the loop, or waiting behind
         self._admit(model, request)
 
     def _admit_read(self, model: Model, request: InferRequest) -> None:

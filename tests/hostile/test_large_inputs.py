@@ -14,7 +14,6 @@ process's GIL for a while, which would freeze a probe beside it), and checks the
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as tc_pb
 
 from conftest import ROOT, KernelProcess, running
-from liveness import LivenessProbe
+from liveness import probe_client
 
 MIB = 1 << 20
 MAX_FREEZE_MS = 500  # generous for a loaded 2-core box; the unfixed front froze 1 000-2 000 ms
@@ -89,19 +88,8 @@ print("answered byte for byte", flush=True)
 
 def test_a_request_over_1_gib_is_answered_without_freezing_the_front(server):
     here = Path(__file__).resolve().parent
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(server.grpc_port), str(here), str(here.parent)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert client.stdout.readline().strip() == "ready", client.stderr.read()
-        with LivenessProbe(server.url) as probe:
-            client.stdin.write("\n")
-            client.stdin.flush()
-            out, err = client.communicate(timeout=300)
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait()
-    print(probe.summary())
-    assert client.returncode == 0 and "answered byte for byte" in out, f"the client failed:\n{out}\n{err}"
+    probe, out, err, status = probe_client(server.url, [sys.executable, "-c", CLIENT, str(server.grpc_port), str(here),
+                                                        str(here.parent)])
+    assert status == 0 and "answered byte for byte" in out, f"the client failed:\n{out}\n{err}"
     assert len(probe.latencies_ms) >= 10, probe.summary()
     assert probe.max_ms() < MAX_FREEZE_MS, f"/v2/health/live froze while the request was read and copied: {probe.summary()}"
