@@ -63,7 +63,7 @@ class BackendInstance(abc.ABC):
     #: True when submit() takes an input whose `raw` is still a kernel.core.shared_memory.InputWindow
     #: (a client's system shared-memory region, not read yet) and reads it straight into its own
     #: memory, answering the request with the window's error if the client shrank the object.
-    #: Otherwise the core reads such inputs before the request is scheduled (kernel.core.input_reads).
+    #: Otherwise the core reads such inputs before the request is scheduled (kernel.core.admission).
     takes_input_windows: bool = False
 
     @property

@@ -1,6 +1,6 @@
 """Where the core copies client-sized buffers beside the event loop: one small pool of threads.
 
-Used for the bytes of client shared-memory regions (kernel.core.input_reads, kernel.core.output_writes):
+Used for the bytes of client shared-memory regions (kernel.core.admission, kernel.core.output_writes):
 pread and pwrite let go of the GIL, so the loop keeps serving every other client meanwhile.
 """
 

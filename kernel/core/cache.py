@@ -18,7 +18,7 @@ Why it lives in the core and works this way:
   input's bytes themselves up to 64 KiB, and the SHA-256 digest of a larger one (as the Redis
   cache's key does): two requests share an entry only if their inputs are the same bytes or
   collide in SHA-256. A request with more than 2 MiB of inputs has its key hashed on a thread
-  before it is admitted (kernel.core.input_reads, in order with the model's other requests), and
+  before it is admitted (kernel.core.admission, in order with the model's other requests), and
   a response with more than 2 MiB of outputs is copied into its entry on a thread before it goes
   on to its client: on the loop, one 256 MiB request held every client of the front for
   0.4-0.6 s (the key's copy and hash, the entry's copy).
@@ -181,7 +181,7 @@ class ResponseCache:
     def key(model, request: InferRequest) -> tuple:
         """The request's key (kernel.core.cache_key); large inputs are in it as digests, hashed with
         the GIL let go, so a large request's key is computed on a thread before it is admitted
-        (kernel.core.input_reads)."""
+        (kernel.core.admission)."""
         return local_key(model, request)
 
     def serve(self, model, request: InferRequest) -> bool:

@@ -60,7 +60,7 @@ def _input_part(t) -> tuple:
     """An input as the local key holds it: its bytes up to KEY_BYTES_INLINE, beyond that a
     ("sha256", size, digest) tuple, which never equals any input's bytes. A digest is computed
     with hashlib, which lets go of the GIL: a large request's key is hashed beside the loop
-    (kernel.core.input_reads), where a copy of its bytes would have held the loop."""
+    (kernel.core.admission), where a copy of its bytes would have held the loop."""
     view = memoryview(t.raw)
     if view.nbytes <= KEY_BYTES_INLINE:
         return (t.name, t.datatype, t.shape, view.tobytes())

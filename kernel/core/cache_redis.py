@@ -169,7 +169,7 @@ class RedisCache:
     @staticmethod
     def key(model, request: InferRequest) -> bytes:
         """The request's key (kernel.core.cache_key); hashlib lets go of the GIL, so a large one is
-        hashed on a thread before the request is admitted (kernel.core.input_reads)."""
+        hashed on a thread before the request is admitted (kernel.core.admission)."""
         return redis_key(model, request)
 
     def serve(self, model, request: InferRequest) -> bool:

@@ -83,6 +83,29 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
+def check_bytes(buffer, count: int) -> None:
+    """That `buffer` holds exactly `count` length-prefixed elements; ValueError (deserialize_bytes's
+    words) when not. Walks the prefixes without making the elements: ~150 ns per element here, where
+    deserialize_bytes takes ~400 (6.5 s and a list of 16 Mi objects for 64 MiB of empty elements).
+    Still linear in the elements: a large tensor is checked beside the loop (kernel.core.admission)."""
+    mv = memoryview(buffer).cast("B")
+    end = len(mv)
+    offset = found = 0
+    unpack = _U32_FROM
+    while offset < end:
+        if offset + 4 > end:
+            raise ValueError("truncated BYTES element length")
+        offset += 4 + unpack(mv, offset)[0]
+        found += 1
+    if offset > end:
+        raise ValueError("BYTES element runs past the end of its buffer")
+    if found != count:
+        raise ValueError(f"expected {count} BYTES elements, found {found}")
+
+
+_U32_FROM = struct.Struct("<I").unpack_from
+
+
 def deserialize_bytes(buffer, count: int | None = None) -> list[bytes]:
     """Length-prefixed wire form -> list of bytes. Raises ValueError on bad framing.
 

@@ -74,6 +74,9 @@ class Model:
             for o in cfg.output
         }
         self.required_inputs = [n for n, s in self.inputs.items() if not s.optional]
+        # Whether any input is BYTES: checking one's elements is linear in their number, so a large
+        # one is validated beside the loop (kernel.core.admission).
+        self.bytes_inputs = any(s.datatype == "BYTES" for s in self.inputs.values())
         # A model without declared outputs (auto-complete may leave none) accepts any request output.
         self.check_outputs = bool(self.outputs)
 
@@ -96,6 +99,18 @@ class Model:
                 {"name": s.name, "datatype": s.datatype, "shape": batch + list(s.dims)} for s in self.outputs.values()
             ],
         }
+
+    def validate_tagged(self, request: InferRequest) -> None:
+        """validate(), its errors tagged with the request id as Triton tags request-validation errors
+        (all but an unknown requested output's)."""
+        try:
+            self.validate(request)
+        except UnknownOutput:
+            raise
+        except KernelError as exc:
+            exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"
+            exc.args = (exc.message,)
+            raise
 
     def validate(self, request: InferRequest) -> None:
         """Raise KernelError(INVALID_ARG) with Triton's wording if the request does not fit."""
@@ -164,7 +179,7 @@ class Model:
         count = datatypes.element_count(t.shape)
         if t.datatype == "BYTES":
             try:
-                datatypes.deserialize_bytes(raw, count)
+                datatypes.check_bytes(raw, count)
             except ValueError as exc:
                 raise KernelError(
                     ErrorCode.INVALID_ARG,

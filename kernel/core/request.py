@@ -216,7 +216,7 @@ class InferRequest:
         # (kernel.core.device_memory): None for none (the common case), ALL_OUTPUTS, or a set of names.
         self.device_outputs: Any = None
         # Its response-cache key when it was hashed beside the loop before admission (a large request
-        # of a caching model, kernel.core.input_reads); None: the cache computes it on the loop.
+        # of a caching model, kernel.core.admission); None: the cache computes it on the loop.
         self.cache_key: Any = None
 
     def input(self, name: str) -> Optional[InferTensor]:

@@ -22,8 +22,8 @@ from kernel.core import classification
 from kernel.core.cache import create_cache
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.holding import HeldBytes
-from kernel.core.input_reads import InputReads
-from kernel.core.model import Model, ModelState, UnknownOutput
+from kernel.core.admission import Admission
+from kernel.core.model import Model, ModelState
 from kernel.core.registry import ModelRegistry
 from kernel.core.request import InferRequest
 from kernel.core.output_writes import OutputWrites
@@ -108,7 +108,7 @@ class Server:
         # Client shared-memory regions (system/CUDA shared-memory extensions), used by every transport.
         self.shared_memory = SharedMemoryManager()
         # Requests whose large shared-memory inputs are read beside the loop, and those behind them.
-        self.input_reads = InputReads(self._admit_read)
+        self.admission = Admission(self._admit_read)
         # Outputs written into client regions, beside the loop when large (counted in flight meanwhile).
         self.output_writes = OutputWrites()
         # The response cache (--cache-config); models that enable response_cache use it.
@@ -185,28 +185,22 @@ class Server:
         model = self.registry.get(request.model_name, request.model_version)
         if request.shm is not None:
             take_device_inputs(request)  # CUDA shared-memory inputs stay on the GPU
-        if (request.shm is not None or self.input_reads.count or model.response_cache is not None) \
-                and self.input_reads.take(model, request):
-            return  # large shared-memory inputs read or a large cache key hashed beside the loop, or waiting behind
+        if (request.shm is not None or self.admission.count or model.response_cache is not None
+                or model.bytes_inputs) and self.admission.take(model, request):
+            return  # large shared-memory inputs, BYTES elements or cache keys dealt with beside the loop, or behind such
         self._admit(model, request)
 
-    def _admit_read(self, model: Model, request: InferRequest) -> None:
-        """_admit for a request that waited for shared-memory reads (kernel.core.input_reads)."""
+    def _admit_read(self, model: Model, request: InferRequest, validated: bool) -> None:
+        """_admit for a request that waited for work beside the loop (kernel.core.admission)."""
         if not self.accepting:
             raise KernelError(ErrorCode.UNAVAILABLE, "Server is stopping; the request was not executed")
-        self._admit(model, request)
+        self._admit(model, request, validated)
 
-    def _admit(self, model: Model, request: InferRequest) -> None:
-        """Validate a request whose inputs are all here, and schedule it (or answer it from the cache)."""
-        try:
-            model.validate(request)
-        except UnknownOutput:
-            raise  # the one validation error Triton does not tag with the request id
-        except KernelError as exc:
-            # Triton tags request-validation errors with the request id.
-            exc.message = f"[request id: {request.id or '<id_unknown>'}] {exc.message}"
-            exc.args = (exc.message,)
-            raise
+    def _admit(self, model: Model, request: InferRequest, validated: bool = False) -> None:
+        """Validate a request whose inputs are all here (unless that was done beside the loop), and
+        schedule it (or answer it from the cache)."""
+        if not validated:
+            model.validate_tagged(request)
         if request.outputs:
             counts = classification.requested(request)
             if counts and request.on_response is not None:
@@ -226,8 +220,8 @@ class Server:
         models = self.registry.all_models()
         queued = sum(m.scheduler.pending_count() for m in models if m.scheduler is not None)
         if self.response_cache is not None:
-            queued += self.response_cache.pending  # waiting for a redis lookup, not scheduled yet
-        queued += self.input_reads.count  # waiting for their shared-memory inputs to be read
+            queued += self.response_cache.pending  # a redis lookup, or a copy into the local cache
+        queued += self.admission.count  # held while their work runs beside the loop
         queued += self.output_writes.count  # answers being written into shared memory
         return queued + sum(inst.in_flight for m in models for inst in m.instances)
 

@@ -15,7 +15,7 @@ The cost is one copy of each input (the Python backend reads a large one straigh
 into its own arena: backends/python/input_copy.py) and none extra for outputs.
 Every access is also bounds-checked against the registered window. Inputs a
 backend does not take unread are read when the request is submitted
-(kernel.core.input_reads), and large outputs written as each response arrives
+(kernel.core.admission), and large outputs written as each response arrives
 (kernel.core.output_writes), both beside the event loop once large.
 
 Unregistering drops the registry's descriptor at once; a request still in
@@ -45,7 +45,7 @@ from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest
 
 # An input of a system region up to this size is read as its request is parsed; a larger one is
-# left as an InputWindow (kernel.core.input_reads says who reads it). The Python backend sends
+# left as an InputWindow (kernel.core.admission says who reads it). The Python backend sends
 # inputs up to this size inline (wire.INLINE_LIMIT), so every window it gets goes to its arena.
 READ_AT_ONCE_BYTES = 64 << 10
 # The most one pread is asked for (Linux returns at most 0x7ffff000 bytes per call).
@@ -114,7 +114,7 @@ class _Window:
 
 class InputWindow(_Window):
     """An input's bytes in a client region, not read yet: read when its request is submitted
-    (kernel.core.input_reads), or by a backend straight into its own memory (fill)."""
+    (kernel.core.admission), or by a backend straight into its own memory (fill)."""
 
     __slots__ = ()
 

@@ -4,7 +4,7 @@ beside the loop; requests still reach the model in order, and an entry never cha
 Before, the local cache copied and hashed a request's input bytes on the front's event loop to make
 its key (and compared them on a hit), and copied a response's outputs into its entry there: one
 256 MiB request held every client of the front for 0.4-0.6 s. These tests use the real
-ResponseCache and InputReads, with the model and the client replaced by lists of what reached them.
+ResponseCache and Admission, with the model and the client replaced by lists of what reached them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from kernel.core.cache import COPY_BESIDE_BYTES, ResponseCache
 from kernel.core.cache_key import KEY_BYTES_INLINE, local_key, local_key_bytes
-from kernel.core.input_reads import KEY_BESIDE_BYTES, InputReads
+from kernel.core.admission import KEY_BESIDE_BYTES, Admission
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 from kernel.core.stats import ModelStats
 
@@ -27,10 +27,11 @@ assert KEY_BESIDE_BYTES < LARGE and COPY_BESIDE_BYTES < LARGE and KEY_BYTES_INLI
 
 @dataclass(eq=False)
 class Model:
-    """As much of kernel.core.model.Model as the cache and InputReads read."""
+    """As much of kernel.core.model.Model as the cache and Admission read."""
 
     name: str
     response_cache: object = None
+    bytes_inputs: bool = False
     version: int = 1
     version_str: str = "1"
     instances: tuple = ()
@@ -73,7 +74,7 @@ async def test_a_large_request_is_hashed_beside_the_loop_and_the_next_waits_behi
     cache = ResponseCache(64 * MIB)
     m, other = Model("m", cache), Model("other", cache)
     admitted = []
-    reads = InputReads(lambda model, r: admitted.append((model.name, r.id, r.cache_key)))
+    reads = Admission(lambda model, r, validated: admitted.append((model.name, r.id, r.cache_key)))
     large = request("large", bytes(LARGE))
     small = request("after", b"\1" * 16)
     assert reads.take(m, large) is True

@@ -1,6 +1,6 @@
 """Large shared-memory tensors are read and written beside the loop, and nothing reorders.
 
-kernel.core.input_reads reads a request's large inputs on a thread and hands requests to the
+kernel.core.admission reads a request's large inputs on a thread and hands requests to the
 model in the order they were submitted; kernel.core.output_writes writes a response's large
 outputs on a thread and hands a request's responses on in the order the model sent them. These
 tests use real /dev/shm objects and the real SharedMemoryManager, with the model and the client
@@ -19,7 +19,7 @@ import pytest
 from kernel.core import shared_memory
 from kernel.core.backend import BackendInstance
 from kernel.core.errors import ErrorCode
-from kernel.core.input_reads import READ_BESIDE_BYTES, InputReads
+from kernel.core.admission import READ_BESIDE_BYTES, Admission
 from kernel.core.output_writes import WRITE_BESIDE_BYTES, OutputWrites
 from kernel.core.request import InferRequest, InferResponse, InferTensor
 from kernel.core.shared_memory import InputWindow, RequestWindows
@@ -32,13 +32,14 @@ assert READ_BESIDE_BYTES < LARGE and WRITE_BESIDE_BYTES < LARGE
 
 @dataclass(eq=False)
 class Model:
-    """As much of kernel.core.model.Model as InputReads reads: an instance that does not take
+    """As much of kernel.core.model.Model as Admission reads: an instance that does not take
     unread inputs (BackendInstance.takes_input_windows), so the core reads them itself."""
 
     name: str
     version: int = 1
     instances: tuple = (BackendInstance,)
     response_cache: object = None
+    bytes_inputs: bool = False
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ async def settle(reads_or_writes, timeout: float = 10.0) -> None:
 async def test_requests_behind_a_large_read_reach_the_model_in_order(region):
     manager, _, content = region
     admitted = []
-    reads = InputReads(lambda model, request: admitted.append((model.name, request.id)))
+    reads = Admission(lambda model, request, validated: admitted.append((model.name, request.id)))
     m, other = Model("m"), Model("other")
     large = input_request(manager, "large", MIB, LARGE)
     assert type(large.inputs[0]._raw) is InputWindow  # not read while parsed
@@ -75,7 +76,7 @@ async def test_requests_behind_a_large_read_reach_the_model_in_order(region):
 
 async def test_small_reads_are_done_at_once(region):
     manager, _, content = region
-    reads = InputReads(lambda model, request: pytest.fail("admitted by InputReads"))
+    reads = Admission(lambda model, request, validated: pytest.fail("admitted by Admission"))
     request = input_request(manager, "small", 100, READ_BESIDE_BYTES)
     assert reads.take(Model("m"), request) is False
     assert bytes(request.inputs[0].raw) == content[100 : 100 + READ_BESIDE_BYTES].tobytes()
@@ -84,7 +85,7 @@ async def test_small_reads_are_done_at_once(region):
 async def test_a_shrunk_object_fails_its_request_and_the_next_goes_on(region):
     manager, fd, _ = region
     admitted, answers = [], []
-    reads = InputReads(lambda model, request: admitted.append(request.id))
+    reads = Admission(lambda model, request, validated: admitted.append(request.id))
     m = Model("m")
     large = input_request(manager, "large", 0, LARGE)
     large.on_response = answers.append

@@ -5,7 +5,7 @@ and copied a response's outputs into its entry, all on the front's event loop: a
 held every client of the front for 0.4-0.6 s, each time (measured with a loop watchdog; the
 cache's own nv_cache_*_duration metrics said the same). Now a large input is in the key as its
 SHA-256 digest, hashed on a thread before the request is admitted, and a large response is copied
-into its entry on a thread (kernel.core.cache, kernel.core.input_reads). This test sends the same
+into its entry on a thread (kernel.core.cache, kernel.core.admission). This test sends the same
 512 MiB request twice (a miss, then a hit) to a real `kernel serve`, from a process of its own,
 with the liveness probe running, and checks both answers byte for byte.
 """

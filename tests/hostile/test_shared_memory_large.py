@@ -5,7 +5,7 @@ Inputs in a system region are copied out of the client's object with pread, and 
 into it with pwrite (kernel/core/shared_memory.py says why not a mapping). Both ran on the loop:
 one 1 GiB input held the front for ~0.6 s on this kind of box, and its 1 GiB answer for another
 ~0.3 s, every other client waiting. Now a request's inputs over 2 MiB are read on a thread when
-it is submitted (kernel/core/input_reads.py) and a response's outputs over 2 MiB written on a
+it is submitted (kernel/core/admission.py) and a response's outputs over 2 MiB written on a
 thread (kernel/core/output_writes.py). These tests drive a real `kernel serve` through
 tritonclient's own shared-memory utilities, as a user would, and check what the client sees: the
 bytes in its output region, and 400s naming the region when it shrinks the object under a large

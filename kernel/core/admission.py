@@ -1,5 +1,6 @@
-"""Inputs in client shared-memory regions read, and large requests' response-cache keys hashed,
-beside the loop; their requests still reach the model in the order they came.
+"""Requests held before they are admitted while their client-sized work runs beside the loop:
+inputs read out of client shared-memory regions, BYTES elements checked, large requests'
+response-cache keys hashed. Their requests still reach the model in the order they came.
 
 An input in a system shared-memory region is copied out of the client's object (kernel.core.
 shared_memory says why a copy and not a mapping). A model whose instances take it unread
@@ -10,18 +11,23 @@ a request whose inputs there add up to READ_BESIDE_BYTES or less on the loop (~0
 a 2-core VM, page faults of the new buffer included), a larger one on a thread, where pread lets
 go of the GIL. On the loop, one 1 GiB input held every client of the front for ~0.6 s.
 
+Validating a BYTES input walks its elements' length prefixes in Python, one step per element: a
+request whose BYTES inputs may hold more than BYTES_ELEMENTS_ON_LOOP elements is validated on a
+thread (the walk holds the GIL, but hands it to the loop every switch interval), after its reads.
+On the loop, 64 MiB of empty elements (16 Mi of them, within the default --http-max-input-size)
+held every client of the front for 6.5 s.
+
 A request of a model with a response cache whose inputs add up to more than KEY_BESIDE_BYTES has
 its key (kernel.core.cache_key: SHA-256 digests of its large inputs) computed on a thread too,
-after its reads: on the loop, a 256 MiB request's key held every client of the front for
-0.2-0.6 s (a copy and a hash of its bytes).
+last: on the loop, a 256 MiB request's key held every client of the front for 0.2-0.6 s (a copy
+and a hash of its bytes).
 
-While a request waits for its reads or its key, the requests for the same model version submitted after it
-wait behind it, whatever they carry: a model sees its requests in the order they were submitted
-(a sequence's steps, a stream's messages). Reads run side by side; only the handing over is in
+While a request waits here, the requests for the same model version submitted after it wait
+behind it, whatever they carry: a model sees its requests in the order they were submitted
+(a sequence's steps, a stream's messages). The work runs side by side; only the handing over is in
 order. A request that waits here is in flight (Server.in_flight, so a graceful stop drains it);
-one whose read fails (the client shrank its object) or that the model refuses once read is
-answered with the error through its on_response, as a model's failure would be.
-"""
+one whose read fails (the client shrank its object), that does not validate, or that the model
+refuses once ready is answered with the error through its on_response, as a model's failure would be."""
 
 from __future__ import annotations
 
@@ -30,15 +36,19 @@ import logging
 from collections import deque
 from typing import Callable, Optional
 
+from kernel.core import datatypes
 from kernel.core.beside import run_beside
 from kernel.core.errors import ErrorCode, KernelError
 from kernel.core.request import InferRequest, InferResponse
 from kernel.core.shared_memory import InputWindow
 
-log = logging.getLogger("kernel.core.input_reads")
+log = logging.getLogger("kernel.core.admission")
 
 # A request whose unread shared-memory inputs add up to more than this is read on a thread.
 READ_BESIDE_BYTES = 2 << 20
+# A request whose BYTES inputs could hold more elements than this is validated on a thread (their
+# elements are walked in Python, ~150 ns each here: ~2.5 ms on the loop at most).
+BYTES_ELEMENTS_ON_LOOP = 16384
 # A caching model's request whose inputs add up to more than this has its cache key hashed on a
 # thread (SHA-256 runs at ~1.7 GB/s here: 1.2 ms of loop for 2 MiB).
 KEY_BESIDE_BYTES = 2 << 20
@@ -51,14 +61,31 @@ def _takes_windows(model) -> bool:
     return bool(instances) and model.response_cache is None and all(i.takes_input_windows for i in instances)
 
 
-def _prepare(tensors: list, cache, model, request: InferRequest) -> None:
-    """On a thread: the tensors' windows read into their bytes, then, when `cache` is given, the
-    request's cache key over them (set on the request). The request is held here meanwhile:
-    nothing on the loop reads its tensors or its key before it is handed over."""
+def _prepare(tensors: list, validate: bool, cache, model, request: InferRequest) -> None:
+    """On a thread: the tensors' windows read into their bytes; then, if `validate`, the request
+    validated (Model.validate_tagged: KernelError when it does not fit); then, when `cache` is
+    given, its cache key (set on the request). The request is held here meanwhile: nothing on the
+    loop reads its tensors or its key before it is handed over."""
     for t in tensors:
         t._raw = t._raw.read()
+    if validate:
+        model.validate_tagged(request)
     if cache is not None:
         request.cache_key = cache.key(model, request)
+
+
+def _validate_beside(model, request: InferRequest) -> bool:
+    """Whether checking the request's BYTES elements could take more than BYTES_ELEMENTS_ON_LOOP
+    steps (each element is a step, bounded by the bytes there are: 4 per element at least)."""
+    if not model.bytes_inputs:
+        return False
+    steps = 0
+    for t in request.inputs:
+        if t.datatype == "BYTES" and t._raw is not None:
+            raw = t._raw
+            nbytes = len(raw) if type(raw) is InputWindow else memoryview(raw).nbytes
+            steps += min(datatypes.element_count(t.shape), nbytes // 4 + 1)
+    return steps > BYTES_ELEMENTS_ON_LOOP
 
 
 def _key_beside(model, request: InferRequest) -> bool:
@@ -76,21 +103,22 @@ def _key_beside(model, request: InferRequest) -> bool:
 
 
 class _Waiting:
-    __slots__ = ("model", "request", "tensors", "reading")
+    __slots__ = ("model", "request", "tensors", "reading", "validated")
 
     def __init__(self, model, request: InferRequest):
         self.model = model
         self.request = request
+        self.validated = False  # validated on the thread (before its key was made)
         self.tensors: list = []  # the InferTensors whose bytes are being read
         self.reading: Optional[asyncio.Future] = None  # their reads and the key's hashing; None: nothing beside
 
 
-class InputReads:
-    """The requests a Server holds while shared-memory inputs are read beside the loop."""
+class Admission:
+    """The requests a Server holds while their work runs beside the loop."""
 
-    def __init__(self, admit: Callable[[object, InferRequest], None]):
-        # admit(model, request): what Server.submit does with a request whose inputs are all here;
-        # raises KernelError when the request is refused.
+    def __init__(self, admit: Callable[[object, InferRequest, bool], None]):
+        # admit(model, request, validated): what Server.submit does with a request whose inputs are
+        # all here (validated: it was validated beside the loop); raises KernelError when refused.
         self._admit = admit
         self._waiting: dict[object, deque[_Waiting]] = {}  # model version -> its requests, in order
         self.count = 0  # requests held here
@@ -110,13 +138,16 @@ class InputReads:
                 for t in tensors:
                     t._raw = t._raw.read()
                 tensors = None
+        validate = _validate_beside(model, request)
         hash_key = _key_beside(model, request)
-        if not tensors and not hash_key and queue is None:
+        if not tensors and not validate and not hash_key and queue is None:
             return False
         waiting = _Waiting(model, request)
-        if tensors or hash_key:
+        if tensors or validate or hash_key:
             waiting.tensors = tensors or []
-            future = run_beside(_prepare, waiting.tensors, model.response_cache if hash_key else None, model, request)
+            waiting.validated = validate
+            future = run_beside(_prepare, waiting.tensors, validate, model.response_cache if hash_key else None,
+                                model, request)
             waiting.reading = future
             future.add_done_callback(lambda _: self._hand_over(model))
         if queue is None:
@@ -143,7 +174,7 @@ class InputReads:
         try:
             if waiting.reading is not None:
                 waiting.reading.result()  # (raises what the read raised)
-            self._admit(waiting.model, request)
+            self._admit(waiting.model, request, waiting.validated)
         except KernelError as exc:
             self._refuse(waiting, exc)
         except Exception as exc:  # noqa: BLE001 - an OSError reading, a fault of ours admitting
