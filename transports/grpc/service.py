@@ -492,7 +492,9 @@ class StreamSession:
 
     # ---- one request -------------------------------------------------------------
 
-    def handle(self, msg) -> None:
+    def handle(self, msg, raws=None) -> None:
+        """One ModelStreamInfer request; `raws`: its raw_input_contents when they were split off the
+        message (codec.split_raw_inputs)."""
         if self.error is not None:
             return
         slot = None
@@ -507,7 +509,7 @@ class StreamSession:
             if not decoupled:
                 slot = [None]
                 self.ordered.append(slot)
-            request, empty_final = codec.parse_infer_request(msg, self.server.shared_memory)
+            request, empty_final = codec.parse_infer_request(msg, self.server.shared_memory, raws)
             if self.metadata is not None:
                 self.service.header_forward.apply_metadata(request, self.metadata)
             key = self._ids = self._ids + 1
