@@ -1,6 +1,7 @@
 """Requests held before they are admitted while their client-sized work runs beside the loop:
 inputs read out of client shared-memory regions, BYTES elements checked, large requests'
-response-cache keys hashed. Their requests still reach the model in the order they came.
+response-cache keys hashed, and bytes a transport left to be made (LateBytes: gRPC's large typed
+contents, transports/grpc/typed_contents.py). Their requests still reach the model in the order they came.
 
 An input in a system shared-memory region is copied out of the client's object (kernel.core.
 shared_memory says why a copy and not a mapping). A model whose instances take it unread
@@ -39,7 +40,7 @@ from typing import Callable, Optional
 from kernel.core import datatypes
 from kernel.core.beside import run_beside
 from kernel.core.errors import ErrorCode, KernelError
-from kernel.core.request import InferRequest, InferResponse
+from kernel.core.request import InferRequest, InferResponse, LateBytes
 from kernel.core.shared_memory import InputWindow
 
 log = logging.getLogger("kernel.core.admission")
@@ -62,7 +63,7 @@ def _takes_windows(model) -> bool:
 
 
 def _prepare(tensors: list, validate: bool, cache, model, request: InferRequest) -> None:
-    """On a thread: the tensors' windows read into their bytes; then, if `validate`, the request
+    """On a thread: the tensors' windows read (and late bytes made) into their bytes; then, if `validate`, the request
     validated (Model.validate_tagged: KernelError when it does not fit); then, when `cache` is
     given, its cache key (set on the request). The request is held here meanwhile: nothing on the
     loop reads its tensors or its key before it is handed over."""
@@ -83,7 +84,7 @@ def _validate_beside(model, request: InferRequest) -> bool:
     for t in request.inputs:
         if t.datatype == "BYTES" and t._raw is not None:
             raw = t._raw
-            nbytes = len(raw) if type(raw) is InputWindow else memoryview(raw).nbytes
+            nbytes = len(raw) if isinstance(raw, (InputWindow, LateBytes)) else memoryview(raw).nbytes
             steps += min(datatypes.element_count(t.shape), nbytes // 4 + 1)
     return steps > BYTES_ELEMENTS_ON_LOOP
 
@@ -98,7 +99,7 @@ def _key_beside(model, request: InferRequest) -> bool:
         if t.device is not None:
             return False  # (its bytes come to the host on the loop, as the key is made there)
         raw = t.raw
-        total += len(raw) if type(raw) is InputWindow else memoryview(raw).nbytes
+        total += len(raw) if isinstance(raw, (InputWindow, LateBytes)) else memoryview(raw).nbytes
     return total > KEY_BESIDE_BYTES
 
 
@@ -139,6 +140,8 @@ class Admission:
                     t._raw = t._raw.read()
                 tensors = None
         validate = _validate_beside(model, request)
+        if request.late_inputs:  # (always beside the loop: their transport left them for it)
+            tensors = (tensors or []) + [t for t in request.inputs if isinstance(t._raw, LateBytes)]
         hash_key = _key_beside(model, request)
         if not tensors and not validate and not hash_key and queue is None:
             return False

@@ -16,6 +16,24 @@ from kernel.core import datatypes
 from kernel.core.errors import KernelError, invalid_arg
 
 
+class LateBytes:
+    """A tensor's bytes still to be made from what its client sent (a transport's large protobuf
+    typed contents): `read()` makes them, on a thread beside the loop before the request is
+    admitted (kernel.core.admission, for a request whose `late_inputs` is set). `len()`: what the
+    client sent for it, the bytes' size about."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def read(self) -> bytes:
+        raise NotImplementedError
+
+
 class InferTensor:
     """A named tensor: datatype, shape and its bytes in wire form.
 
@@ -174,6 +192,7 @@ class InferRequest:
         "trace",
         "device_outputs",
         "cache_key",
+        "late_inputs",
     )
 
     def __init__(
@@ -218,6 +237,8 @@ class InferRequest:
         # Its response-cache key when it was hashed beside the loop before admission (a large request
         # of a caching model, kernel.core.admission); None: the cache computes it on the loop.
         self.cache_key: Any = None
+        # Some input's bytes are a LateBytes, made beside the loop before admission (kernel.core.admission).
+        self.late_inputs = False
 
     def input(self, name: str) -> Optional[InferTensor]:
         for t in self.inputs:

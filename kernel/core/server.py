@@ -186,7 +186,7 @@ class Server:
         if request.shm is not None:
             take_device_inputs(request)  # CUDA shared-memory inputs stay on the GPU
         if (request.shm is not None or self.admission.count or model.response_cache is not None
-                or model.bytes_inputs) and self.admission.take(model, request):
+                or model.bytes_inputs or request.late_inputs) and self.admission.take(model, request):
             return  # large shared-memory inputs, BYTES elements or cache keys dealt with beside the loop, or behind such
         self._admit(model, request)
 

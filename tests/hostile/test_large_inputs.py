@@ -26,6 +26,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as tc_pb
 
 from conftest import ROOT, KernelProcess, running
+from kernel.transports.grpc.typed_contents import encode_varint
 from liveness import probe_client
 
 MIB = 1 << 20
@@ -40,15 +41,6 @@ def server(tmp_path_factory):
     yield from running(KernelProcess([repo], "--grpc-server", "native"))
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def infer_message(data: np.ndarray) -> bytes:
     """ModelInferRequest for identity_fp32 with `data` as its raw input, serialised without a
     protobuf copy of the tensor: field 7 (raw_input_contents) appended by hand."""
@@ -56,7 +48,7 @@ def infer_message(data: np.ndarray) -> bytes:
         model_name="identity_fp32",
         inputs=[tc_pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[data.size])],
     ).SerializeToString()
-    return b"".join([head, b"\x3a", _varint(data.nbytes), data.data])
+    return b"".join([head, b"\x3a", encode_varint(data.nbytes), data.data])
 
 
 # The client, in a process of its own: grpcio copies a 1 GiB message into its send buffers holding

@@ -212,7 +212,9 @@ def _big_request():
 def test_split_raw_inputs_gives_views_and_the_same_message_without_them():
     msg = _big_request()
     data = msg.SerializeToString()
-    rest, raws = codec.split_raw_inputs(memoryview(data))
+    rest, split = codec.split_raw_inputs(memoryview(data))
+    raws = split.raws
+    assert split.contents == {}  # (no typed contents here: tests/transports/test_grpc_typed_contents.py)
     assert [bytes(r) for r in raws] == list(msg.raw_input_contents)
     assert all(isinstance(r, memoryview) for r in raws)
     parsed = pb.ModelInferRequest.FromString(rest)
@@ -220,7 +222,7 @@ def test_split_raw_inputs_gives_views_and_the_same_message_without_them():
     expected.CopyFrom(msg)
     del expected.raw_input_contents[:]
     assert parsed == expected
-    request, _ = codec.parse_infer_request(parsed, None, raws)
+    request, _ = codec.parse_infer_request(parsed, None, split)
     assert [bytes(t.raw) for t in request.inputs] == list(msg.raw_input_contents)
     assert request.id == "req-1" and [t.name for t in request.inputs] == ["A", "B", "C"]
 
@@ -234,7 +236,7 @@ def test_split_raw_inputs_refuses_a_truncated_message(cut):
 
 def test_split_raw_inputs_keeps_other_wire_types_and_unknown_fields():
     data = _big_request().SerializeToString() + b"\xa0\x06\x05" + b"\xad\x06\x01\x02\x03\x04"  # fields 100, 101
-    rest, raws = codec.split_raw_inputs(data)
-    assert len(raws) == 3
+    rest, split = codec.split_raw_inputs(data)
+    assert len(split.raws) == 3
     assert rest.endswith(b"\xa0\x06\x05\xad\x06\x01\x02\x03\x04")
     assert codec.split_raw_inputs(data + b"\x3b") is None  # field 7 with wire type 3 (a group): not ours

@@ -51,7 +51,7 @@ class GrpcStream(Stream):
         self.denied: Optional[str] = None  # a restricted call: the refusal, sent once its first message is read
         self.call = None  # the decoded request of a unary call, between its end of input and its start
         self.reserved = 0  # the size of its partial message, counted in the connection's `reserved`
-        self.raws = None  # the raw_input_contents of a large ModelInfer request, split off its message
+        self.raws = None  # what codec.split_raw_inputs took out of a large ModelInfer request (SplitOff)
         self.msg_view = None  # the buffer a large request message is being read into
         self.msg_filled = 0  # bytes of it read so far
         self.msg_compressed = 0

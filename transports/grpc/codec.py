@@ -14,7 +14,7 @@ bytes go straight into `raw_output_contents`. Only the typed `contents` lists
 from __future__ import annotations
 
 import struct
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from kernel.core.request import (
 )
 from kernel.core.shared_memory import RequestWindows, SharedMemoryManager
 from kernel.transports import request_bounds
+from kernel.transports.grpc import typed_contents
 from kernel.transports.grpc.protos import grpc_service_pb2 as pb
 from kernel.transports.grpc.stream_message import JOIN_BYTES, StreamMessage
 
@@ -173,52 +174,11 @@ def set_parameters(target, params: dict) -> None:
 
 # ---------------------------------------------------------------- typed contents
 
-# contents field -> (datatype it carries natively, numpy dtype of the list)
-_CONTENTS_FIELDS = (
-    ("bool_contents", "BOOL"),
-    ("int_contents", "INT32"),
-    ("int64_contents", "INT64"),
-    ("uint_contents", "UINT32"),
-    ("uint64_contents", "UINT64"),
-    ("fp32_contents", "FP32"),
-    ("fp64_contents", "FP64"),
-    ("bytes_contents", "BYTES"),
-)
-
-# Narrow integer types travel in the 32-bit lists.
-_NARROWED = {"int_contents": ("INT8", "INT16"), "uint_contents": ("UINT8", "UINT16")}
-
-_LEN = struct.Struct("<I").pack
-
-
 def _contents_tensor(io, model_name: str) -> InferTensor:
-    datatype = io.datatype
     contents = io.contents
-    raw: Optional[bytes] = None
-    for field, native in _CONTENTS_FIELDS:
-        values = getattr(contents, field)
-        if not values:
-            continue
-        carried = native
-        if datatype in _NARROWED.get(field, ()):
-            carried = datatype
-        if raw is not None:
-            raise _bad(
-                f"unexpected explicit tensor data for input tensor '{io.name}' for model '{model_name}', "
-                "binary data was already supplied."
-            )
-        if carried != datatype:
-            raise _bad(
-                f"unexpected explicit tensor data for input tensor '{io.name}' for model '{model_name}' of type "
-                f"'{carried}', expected datatype '{datatype}'"
-            )
-        if native == "BYTES":
-            raw = b"".join(_LEN(len(v)) + v for v in values)
-        else:
-            raw = np.array(values, dtype=datatypes.datatype_to_numpy(native)).astype(
-                datatypes.datatype_to_numpy(carried), copy=False
-            ).tobytes()
-    return InferTensor(io.name, datatype, io.shape[:], raw=b"" if raw is None else raw)
+    raw = typed_contents.contents_bytes(io.name, io.datatype, model_name,
+                                        lambda field: (getattr(contents, field),) if getattr(contents, field) else None)
+    return InferTensor(io.name, io.datatype, io.shape[:], raw=raw)
 
 
 # ---------------------------------------------------------------- shared memory
@@ -269,12 +229,24 @@ def _expect(tensor: str, key: str, p, kind: str):
 _MAX_TOP_FIELDS = 8 + request_bounds.MAX_PARAMETERS + 3 * request_bounds.MAX_TENSORS
 
 
-def split_raw_inputs(data) -> Optional[tuple[bytes, list]]:
-    """A serialized ModelInferRequest's `raw_input_contents` as views of `data`, and the rest of it.
+class SplitOff(NamedTuple):
+    """What split_raw_inputs took out of a ModelInferRequest: its raw_input_contents (views of the
+    message), and the large typed `contents` of its inputs by input index (views of their
+    InferTensorContents serialization, made into bytes by typed_contents.LateContents)."""
+
+    raws: list
+    contents: dict
+
+
+def split_raw_inputs(data) -> Optional[tuple[bytes, SplitOff]]:
+    """A serialized ModelInferRequest's `raw_input_contents` as views of `data`, its inputs' large
+    typed contents likewise, and the rest of it.
 
     Why: protobuf copies every bytes field twice (into its arena when it parses,
-    into a new bytes object when the field is read): ~10 ms for a 16 MiB tensor.
-    Only the top level is walked (a handful of fields); the rest, with the
+    into a new bytes object when the field is read): ~10 ms for a 16 MiB tensor;
+    and it parses a typed list holding the GIL, element by element (typed_contents.py).
+    Only the top level is walked (a handful of fields), and the inputs of
+    typed_contents.CUT_BYTES or more one level further; the rest, with the
     inputs' names, shapes and parameters, is parsed by protobuf as before.
     None when `data` is not well-formed at the top level: the caller parses it
     whole and gets protobuf's own error; None too past _MAX_TOP_FIELDS fields
@@ -282,77 +254,55 @@ def split_raw_inputs(data) -> Optional[tuple[bytes, list]]:
     the codec then refuses by request_bounds.
     """
     view = memoryview(data)
-    n = len(view)
-    pos = 0
     keep_from = 0
     keep = []
     raws = []
+    contents = {}
+    inputs = 0
     fields = 0
     try:
-        while pos < n:
+        for tag_at, tag, start, end in typed_contents.walk_fields(view):
             fields += 1
-            if fields > _MAX_TOP_FIELDS:
+            if fields > _MAX_TOP_FIELDS or start < 0:
                 return None
-            tag, pos = _read_varint(view, pos)
-            kind = tag & 7
-            if kind == 2:
-                size, start = _read_varint(view, pos)
-                end = start + size
-                if end > n:
-                    return None
-                if tag == 0x3A:  # field 7, raw_input_contents
-                    keep.append(view[keep_from : pos - 1])
-                    raws.append(view[start:end])
+            if tag == 0x3A:  # field 7, raw_input_contents
+                keep.append(view[keep_from:tag_at])
+                raws.append(view[start:end])
+                keep_from = end
+            elif tag == 0x2A:  # field 5, an input
+                cut = typed_contents.cut_contents(view[start:end]) if end - start >= typed_contents.CUT_BYTES else None
+                if cut is not None:
+                    rest, contents[inputs] = cut
+                    keep.append(view[keep_from:tag_at])
+                    keep.append(b"\x2a" + typed_contents.encode_varint(len(rest)) + rest)
                     keep_from = end
-                pos = end
-            elif kind == 0:
-                pos = _read_varint(view, pos)[1]
-            elif kind == 1:
-                pos += 8
-            elif kind == 5:
-                pos += 4
-            else:
-                return None
+                inputs += 1
     except IndexError:
         return None
-    if pos != n:
-        return None
     keep.append(view[keep_from:])
-    return b"".join(keep), raws
+    return b"".join(keep), SplitOff(raws, contents)
 
 
-def _read_varint(view, pos: int) -> tuple[int, int]:
-    value = 0
-    shift = 0
-    while True:
-        b = view[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise IndexError("varint too long")
-
-
-def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, raws: Optional[list] = None
+def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, split: Optional[SplitOff] = None
                         ) -> tuple[InferRequest, bool]:
     """ModelInferRequest -> (core request, whether an empty final response was asked for).
 
     `shm` holds the client's registered shared-memory regions; without it,
-    tensors that name one are refused. `raws`: the request's raw_input_contents
-    when they were taken out of the message (split_raw_inputs).
+    tensors that name one are refused. `split`: what split_raw_inputs took out of
+    the message (its raw_input_contents, its inputs' large typed contents).
     """
     model_name = msg.model_name
     request_bounds.check_tensors(len(msg.inputs), len(msg.outputs))  # (counted as each is read, below)
     parameters = len(msg.parameters)
     request_bounds.check_parameters(parameters)
-    raw_contents = msg.raw_input_contents if raws is None else raws
+    raw_contents = msg.raw_input_contents if split is None else split.raws
+    late = split.contents if split is not None else None  # input index -> its typed contents, cut out
     n_raw = len(raw_contents)
     tensors = []
     index = 0
     windows = None  # client shared-memory windows, if any tensor uses one
-    for io in msg.inputs:
+    for i, io in enumerate(msg.inputs):
+        cut = late.get(i) if late else None
         if len(io.shape) > request_bounds.MAX_DIMS:
             raise request_bounds.too_many_dims(io.name, len(io.shape))
         if io.parameters:
@@ -361,20 +311,24 @@ def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, raws: Op
             windows = windows or RequestWindows()
             window = _shm_window(io, shm, windows)
             if window is not None:
-                if io.HasField("contents"):
+                if cut is not None or io.HasField("contents"):
                     raise _bad(
                         f"unexpected 'content' provided when using shared memory for input tensor '{io.name}' "
                         f"for model '{model_name}'"
                     )
                 tensors.append(InferTensor(io.name, io.datatype, io.shape[:], raw=window))
                 continue
-        if io.HasField("contents"):
+        if cut is not None or io.HasField("contents"):
             if n_raw:
                 raise _bad(
                     f"contents field must not be specified when using raw_input_contents for '{io.name}' "
                     f"for model '{model_name}'"
                 )
-            tensors.append(_contents_tensor(io, model_name))
+            if cut is not None:  # made into bytes beside the loop, before the request is admitted
+                tensors.append(InferTensor(io.name, io.datatype, io.shape[:],
+                                           raw=typed_contents.LateContents(cut, io.name, io.datatype, model_name)))
+            else:
+                tensors.append(_contents_tensor(io, model_name))
         elif index < n_raw:
             # (shape[:] makes a list: far cheaper than iterating the repeated field)
             tensors.append(InferTensor(io.name, io.datatype, io.shape[:], raw=raw_contents[index]))
@@ -405,6 +359,8 @@ def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, raws: Op
     request = InferRequest(model_name, msg.model_version, msg.id, tensors, outputs)
     if windows is not None and windows.held:
         request.shm = windows
+    if late:
+        request.late_inputs = True
     empty_final = False
     if msg.parameters:
         empty_final = _apply_parameters(request, msg.parameters)

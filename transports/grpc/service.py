@@ -218,14 +218,14 @@ class InferenceService:
         return self.server.model(name, version)
 
     def start_infer(self, msg, on_done: Callable[[InferResponse], None], trace=None, metadata=None,
-                    raws=None) -> InferRequest:
+                    split=None) -> InferRequest:
         """Validate and submit a ModelInfer request; `on_done` gets its one response.
 
         Raises KernelError when the request is refused. The returned core
         request is what to cancel if the client goes away first. `trace`: the
         call's kernel.observe.trace.Trace when it was sampled (the caller releases it).
         `metadata`: the call's client metadata, given only when headers are forwarded.
-        `raws`: the raw_input_contents, when they were split off the message (codec.split_raw_inputs).
+        `split`: what codec.split_raw_inputs took out of the message (raw inputs, large typed contents).
         """
         held = self.held_output
         if held is not None and held.over_limit:
@@ -236,7 +236,7 @@ class InferenceService:
                 ErrorCode.UNSUPPORTED,
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             )
-        request, _ = codec.parse_infer_request(msg, self.server.shared_memory, raws)
+        request, _ = codec.parse_infer_request(msg, self.server.shared_memory, split)
         if metadata is not None and self.header_forward is not None:
             self.header_forward.apply_metadata(request, metadata)
         request.on_response = _once(on_done)
@@ -492,9 +492,8 @@ class StreamSession:
 
     # ---- one request -------------------------------------------------------------
 
-    def handle(self, msg, raws=None) -> None:
-        """One ModelStreamInfer request; `raws`: its raw_input_contents when they were split off the
-        message (codec.split_raw_inputs)."""
+    def handle(self, msg, split=None) -> None:
+        """One ModelStreamInfer request; `split`: what codec.split_raw_inputs took out of its message."""
         if self.error is not None:
             return
         slot = None
@@ -509,7 +508,7 @@ class StreamSession:
             if not decoupled:
                 slot = [None]
                 self.ordered.append(slot)
-            request, empty_final = codec.parse_infer_request(msg, self.server.shared_memory, raws)
+            request, empty_final = codec.parse_infer_request(msg, self.server.shared_memory, split)
             if self.metadata is not None:
                 self.service.header_forward.apply_metadata(request, self.metadata)
             key = self._ids = self._ids + 1
