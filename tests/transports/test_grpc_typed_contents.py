@@ -131,3 +131,18 @@ def test_a_client_sees_the_same_answer_for_small_and_cut_out_contents(server, ki
         assert seen[0] == [True, True]
     else:
         assert seen[0][0] == grpc.StatusCode.INVALID_ARGUMENT and "unexpected explicit tensor data" in seen[0][1]
+
+
+def test_a_group_in_the_contents_leaves_the_rest_to_protobuf_in_order():
+    """A group (wire type 3, which protobuf keeps as an unknown field) after some bytes_contents
+    and before others: the elements come out in order, as protobuf's whole parse gives them."""
+    before = [bytes([i % 256]) * (i % 7) for i in range(20_000)]
+    after = [b"after-%d" % i for i in range(20_000)]
+    c = pb.InferTensorContents(bytes_contents=before).SerializeToString()
+    c += b"\x4b" + b"\x08\x01" + b"\x4c"  # field 9: start group, a varint field inside, end group
+    c += pb.InferTensorContents(bytes_contents=after).SerializeToString()
+    whole = pb.InferTensorContents.FromString(c)
+    assert list(whole.bytes_contents) == before + after
+    late = typed_contents.LateContents(memoryview(c), "IN", "BYTES", "m")
+    expected = b"".join(len(v).to_bytes(4, "little") + v for v in before + after)
+    assert late.read() == expected

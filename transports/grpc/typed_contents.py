@@ -227,8 +227,12 @@ def _parse(payload) -> dict[str, _Field]:
     for tag_at, tag, start, end in walk_fields(view):
         number, kind = tag >> 3, tag & 7
         if start < 0:
-            # A group: left to protobuf, in one piece with everything after it.
+            # A group: left to protobuf, in one piece with everything after it (after the elements
+            # before it, so that bytes_contents keep their order).
             flush_piece()
+            if wire:
+                _add(fields, names[_BYTES_FIELD], b"".join(wire), wire_count)
+                wire, wire_bytes, wire_count = [], 0, 0
             piece = [view[tag_at:].tobytes()]
             break
         if kind == 2:
