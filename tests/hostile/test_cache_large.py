@@ -40,15 +40,19 @@ CLIENT = r"""
 import sys
 import numpy as np
 import tritonclient.http as httpclient
-client = httpclient.InferenceServerClient(sys.argv[1], network_timeout=300, connection_timeout=300)
 data = np.arange(512 << 18, dtype=np.uint32).view(np.float32)  # 512 MiB, every word different
 tensor = httpclient.InferInput("INPUT0", [data.size], "FP32")
 tensor.set_data_from_numpy(data, binary_data=True)
 print("ready", flush=True)
 sys.stdin.readline()
 for _ in range(2):  # a miss, then a hit
-    result = client.infer("identity_fp32", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
+    # A connection each: checking 512 MiB on a loaded box can outlast the server's keep-alive
+    # timeout, and the client would then send its next request into a closed connection.
+    with httpclient.InferenceServerClient(sys.argv[1], network_timeout=300, connection_timeout=300) as client:
+        result = client.infer("identity_fp32", [tensor],
+                              outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)])
     assert np.array_equal(result.as_numpy("OUTPUT0").view(np.uint32), data.view(np.uint32)), "not the input"
+    del result
 print("answered byte for byte, twice", flush=True)
 """
 
