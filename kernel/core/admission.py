@@ -75,6 +75,11 @@ def _prepare(tensors: list, validate: bool, cache, model, request: InferRequest)
         request.cache_key = cache.key(model, request)
 
 
+def _nbytes(raw) -> int:
+    """A tensor's size before admission: a window's or late bytes' (not yet read), or the bytes'."""
+    return len(raw) if isinstance(raw, (InputWindow, LateBytes)) else memoryview(raw).nbytes
+
+
 def _validate_beside(model, request: InferRequest) -> bool:
     """Whether checking the request's BYTES elements could take more than BYTES_ELEMENTS_ON_LOOP
     steps (each element is a step, bounded by the bytes there are: 4 per element at least)."""
@@ -83,9 +88,7 @@ def _validate_beside(model, request: InferRequest) -> bool:
     steps = 0
     for t in request.inputs:
         if t.datatype == "BYTES" and t._raw is not None:
-            raw = t._raw
-            nbytes = len(raw) if isinstance(raw, (InputWindow, LateBytes)) else memoryview(raw).nbytes
-            steps += min(datatypes.element_count(t.shape), nbytes // 4 + 1)
+            steps += min(datatypes.element_count(t.shape), _nbytes(t._raw) // 4 + 1)
     return steps > BYTES_ELEMENTS_ON_LOOP
 
 
@@ -98,8 +101,7 @@ def _key_beside(model, request: InferRequest) -> bool:
     for t in request.inputs:
         if t.device is not None:
             return False  # (its bytes come to the host on the loop, as the key is made there)
-        raw = t.raw
-        total += len(raw) if isinstance(raw, (InputWindow, LateBytes)) else memoryview(raw).nbytes
+        total += _nbytes(t.raw)
     return total > KEY_BESIDE_BYTES
 
 

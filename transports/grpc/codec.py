@@ -377,18 +377,7 @@ def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, split: O
 # number order, proto3 defaults (empty strings) left out;
 # tests/test_grpc_codec.py checks it against the generated classes.
 
-_VARINT_1 = [bytes([i]) for i in range(128)]
-
-
-def _varint(n: int) -> bytes:
-    if n < 128:
-        return _VARINT_1[n] if n >= 0 else _varint(n & 0xFFFFFFFFFFFFFFFF)
-    out = bytearray()
-    while n >= 128:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+_varint = typed_contents.encode_varint
 
 
 def _field(tag: bytes, data: bytes) -> bytes:

@@ -102,10 +102,17 @@ def read_varint(view, pos: int) -> tuple[int, int]:
             raise IndexError("varint too long")
 
 
+_VARINT_1 = [bytes([i]) for i in range(128)]
+
+
 def encode_varint(n: int) -> bytes:
+    """n as a protobuf varint (a negative one as its 64-bit two's complement, as protobuf writes an
+    int64); also codec's encoder of ModelInferResponse fields, where most are one byte."""
+    if n < 128:
+        return _VARINT_1[n] if n >= 0 else encode_varint(n & 0xFFFFFFFFFFFFFFFF)
     out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
+    while n >= 128:
+        out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
@@ -181,33 +188,19 @@ class LateContents(LateBytes):
         except (DecodeError, ValueError, IndexError):
             raise KernelError(ErrorCode.INTERNAL, PARSE_ERROR) from None
         return contents_bytes(self.name, self.datatype, self.model_name,
-                              lambda field: fields[field].pieces if field in fields else None)
+                              fields.get)
 
 
-class _Field:
-    """What the pieces of one repeated field hold, in order: bytes_contents as wire bytes (length-
-    prefixed elements), numbers as numpy arrays; `count` elements in all."""
-
-    __slots__ = ("pieces", "count")
-
-    def __init__(self):
-        self.pieces: list = []
-        self.count = 0
-
-    def __len__(self) -> int:
-        return self.count
-
-
-def _parse(payload) -> dict[str, _Field]:
-    """The InferTensorContents in `payload`, field by field (only those with elements)."""
-    fields: dict[str, _Field] = {}
+def _parse(payload) -> dict[str, list]:
+    """The InferTensorContents in `payload`: for each field with elements, its pieces in order
+    (bytes_contents as wire bytes, length-prefixed elements; numbers as numpy arrays)."""
+    fields: dict[str, list] = {}
     names = {f.number: f.name for f in pb.InferTensorContents.DESCRIPTOR.fields}
     piece: list = []  # whole fields of the next protobuf piece
     piece_bytes = 0
     view = memoryview(payload)
     wire = []  # bytes_contents elements in wire form, flushed every PIECE_BYTES
     wire_bytes = 0
-    wire_count = 0
 
     def flush_piece() -> None:
         nonlocal piece, piece_bytes
@@ -217,11 +210,11 @@ def _parse(payload) -> dict[str, _Field]:
                 if number == _BYTES_FIELD:
                     values = parsed.bytes_contents  # (only a bytes_contents with a wrong wire type reaches here: dropped)
                     if values:
-                        _add(fields, name, b"".join(_LEN(len(v)) + v for v in values), len(values))
+                        fields.setdefault(name, []).append(b"".join(_LEN(len(v)) + v for v in values))
                     continue
                 values = getattr(parsed, name)
                 if values:
-                    _add(fields, name, np.array(values, dtype=datatypes.datatype_to_numpy(_NATIVE[name])), len(values))
+                    fields.setdefault(name, []).append(np.array(values, dtype=datatypes.datatype_to_numpy(_NATIVE[name])))
         piece, piece_bytes = [], 0
 
     for tag_at, tag, start, end in walk_fields(view):
@@ -231,8 +224,8 @@ def _parse(payload) -> dict[str, _Field]:
             # before it, so that bytes_contents keep their order).
             flush_piece()
             if wire:
-                _add(fields, names[_BYTES_FIELD], b"".join(wire), wire_count)
-                wire, wire_bytes, wire_count = [], 0, 0
+                fields.setdefault(names[_BYTES_FIELD], []).append(b"".join(wire))
+                wire, wire_bytes = [], 0
             piece = [view[tag_at:].tobytes()]
             break
         if kind == 2:
@@ -241,10 +234,9 @@ def _parse(payload) -> dict[str, _Field]:
                 wire.append(_LEN(size))
                 wire.append(view[start:end].tobytes())
                 wire_bytes += 4 + size
-                wire_count += 1
                 if wire_bytes >= PIECE_BYTES:
-                    _add(fields, names[_BYTES_FIELD], b"".join(wire), wire_count)
-                    wire, wire_bytes, wire_count = [], 0, 0
+                    fields.setdefault(names[_BYTES_FIELD], []).append(b"".join(wire))
+                    wire, wire_bytes = [], 0
                 continue
             if size > PIECE_BYTES and (number in _FIXED_WIDTH or number in _VARINT_FIELDS):
                 flush_piece()
@@ -258,16 +250,8 @@ def _parse(payload) -> dict[str, _Field]:
             flush_piece()
     flush_piece()
     if wire:
-        _add(fields, names[_BYTES_FIELD], b"".join(wire), wire_count)
+        fields.setdefault(names[_BYTES_FIELD], []).append(b"".join(wire))
     return fields
-
-
-def _add(fields: dict, name: str, piece, count: int) -> None:
-    field = fields.get(name)
-    if field is None:
-        field = fields[name] = _Field()
-    field.pieces.append(piece)
-    field.count += count
 
 
 def _packed_parts(data: memoryview, number: int):
