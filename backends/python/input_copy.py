@@ -9,9 +9,8 @@ the core leaves those to backends that take them, BackendInstance.takes_input_wi
 straight from the client's object into its region with pread: one copy in all, into memory that
 is already mapped, instead of a read into a new buffer and a copy from it. A client that shrank
 its object before the batch is made has its request answered with the error and left out of the
-batch (window_error); one that shrinks it during the read gets the error too, and the rest of its
-region is zeroed: the batch still goes, and whatever the model answers for that request is
-replaced by the error (RequestPath keeps its key as void).
+batch (window_error); one that shrinks it during the read gets the error too and is left out of
+the batch as well, before the batch is written (RequestPath._leave_out): the rest of it goes.
 """
 
 from __future__ import annotations

@@ -89,9 +89,6 @@ class RequestPath(BackendInstance):
             self._cancelled.close()
         self._cancelled = CancelGrace(lambda: self._pending, self._give_up_cancelled)
         self._input_regions: dict[int, list[tuple[int, int]]] = {}
-        # Sent requests whose shared-memory input the client cut short while it was read into the
-        # arena (the rest zeroed): answered with that error, whatever the model says.
-        self._void: dict[int, KernelError] = {}
         self._keys = itertools.count(256 + self.link_id, 256)
         self._ready_checks: dict[int, asyncio.Future] = {}  # CheckReady and Usage keys -> their answer
         self._executing = 0  # Execute messages whose execute() has not finished (schedulers, statistics)
@@ -297,7 +294,14 @@ class RequestPath(BackendInstance):
     def _send_built(self, built: Built, counted: bool = False, void: Optional[dict] = None) -> None:
         """Write the Execute, then count its requests as the worker's. counted: the batch is counted
         in `executing` already (it waited for a copy beside the loop). void: keys of requests whose
-        shared-memory input was cut short while copied (input_copy.py), with the error they get."""
+        shared-memory input was cut short while copied (input_copy.py), with the error they get:
+        they are left out of the batch (_leave_out)."""
+        if void:
+            built = self._leave_out(built, void)
+            if built is None:  # every request of the batch was cut short: nothing goes
+                if counted:
+                    self._executing = max(0, self._executing - 1)
+                return
         try:
             self.channel.send(built.execute)
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, undo and answer every request
@@ -306,8 +310,6 @@ class RequestPath(BackendInstance):
                 self._executing = max(0, self._executing - 1)
             return
         # Sent: from here on the worker owns these requests until their final responses.
-        if void:
-            self._void.update(void)
         in_arena, traced = built.in_arena, built.traced
         for key, request, inputs in zip(built.keys, built.requests, built.packed):
             self._pending[key] = request
@@ -324,6 +326,32 @@ class RequestPath(BackendInstance):
         if not counted:
             self._executing += 1
         self._ages.watch()
+
+    def _leave_out(self, built: Built, void: dict) -> Optional[Built]:
+        """The batch without the requests in `void` (their shared-memory input was cut short while it
+        was read into the arena): each is answered with its error and counted as failed, its regions
+        given back, and never reaches the model, as one whose object shrank before the batch was
+        made. None when no request is left."""
+        kept = []
+        for key, request, inputs in zip(built.keys, built.requests, built.packed):
+            error = void.get(key)
+            if error is None:
+                kept.append((key, request, inputs))
+                continue
+            for seg, off in wire.arena_regions(inputs):
+                built.arena.free(seg, off)
+            self._gpu.returned(t.token for t in inputs if t.ipc is not None)
+            if built.traced is not None and request.trace is not None:
+                built.traced = [t for t in built.traced if t is not request.trace] or None
+            self._fail_requests((request,), error)
+        if not kept:
+            return None
+        built.keys, built.requests, built.packed = (list(column) for column in zip(*kept))
+        execute = built.execute
+        execute.requests = [r for r in execute.requests if r.key not in void]
+        if built.traced is None:
+            execute.trace_key = 0
+        return built
 
     def _copy_beside(self, built: Built, loop: asyncio.AbstractEventLoop) -> None:
         """Fill the batch's regions on a thread; the Execute leaves when they are full. The batch
@@ -407,7 +435,6 @@ class RequestPath(BackendInstance):
         a response that still comes for it is dropped, its regions given back (_drop_response)."""
         request = self._pending.pop(key)
         self._input_regions.pop(key, None)
-        self._void.pop(key, None)
         _respond_error(request, KernelError(ErrorCode.CANCELLED, "Request was cancelled"), self.source)
 
     # ---- messages from the worker ----------------------------------------
@@ -477,16 +504,7 @@ class RequestPath(BackendInstance):
             if cancelled:
                 self._cancelled.answered(r.key, r.final)
             error = KernelError(ErrorCode[r.error.code], r.error.message) if r.error is not None else None
-            reschedule = r.reschedule
-            if self._void and r.key in self._void:
-                # Its input was cut short while read into the arena: whatever the model made of the
-                # zeros, the client gets the read's error, once, with the final response.
-                self._drop_response(r)
-                if not r.final:
-                    continue
-                error = self._void.pop(r.key)
-                reschedule = False  # (not run again: it never had its bytes)
-            if reschedule:
+            if r.reschedule:
                 self._reschedule(request)
                 continue
             if error is None:
@@ -572,7 +590,6 @@ class RequestPath(BackendInstance):
         pending, self._pending = self._pending, {}
         self._gpu.close(f"its process exited ({message})")
         self._input_regions.clear()
-        self._void.clear()
         self._cancelled.close()
         traced, self._traced = self._traced, {}
         for traces in traced.values():

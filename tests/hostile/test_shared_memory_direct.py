@@ -11,6 +11,7 @@ real, without a worker process, and play the worker's responses back through _on
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +24,7 @@ from kernel.core.backend import ModelSource
 from kernel.core.errors import ErrorCode
 from kernel.core.request import InferRequest
 from kernel.core.shared_memory import InputWindow
+from kernel.core.stats import ModelStats
 from shm_objects import input_request, registered_object
 
 SIZE = 1 << 20
@@ -66,6 +68,7 @@ def shm_request(manager, rid: str, offset: int) -> tuple[InferRequest, list]:
     assert type(r.inputs[0]._raw) is InputWindow
     got = []
     r.on_response = got.append
+    r.arrival_ns = time.monotonic_ns()  # as a transport stamps it (statistics count from it)
     return r, got
 
 
@@ -106,26 +109,37 @@ def test_a_shrunk_object_fails_only_its_own_request_before_the_batch_leaves(inst
     assert inst.in_flight == 0
 
 
-def test_an_object_shrunk_during_the_read_answers_its_request_with_the_error(inst, region, monkeypatch):
+def test_an_object_shrunk_during_the_read_fails_its_request_and_never_reaches_the_model(inst, region, monkeypatch):
     """The client shrinks its object between the check and the read (the check is made to pass):
-    the rest of its region is zeroed, the batch goes, and whatever the model answers for that
-    request is replaced by the error; its batch-mate gets its own answer."""
+    its request is answered with the error, counted as failed, and left out of the batch (its
+    region given back); its batch-mate goes alone and gets its own answer."""
     manager, fd, _ = region
+    inst.stats = ModelStats("m", "1")
     a, got_a = shm_request(manager, "a", 0)
     b, got_b = shm_request(manager, "b", SIZE - N)
     os.ftruncate(fd, SIZE - N // 2)  # half of b's window is gone
     monkeypatch.setattr(InputWindow, "fits", lambda self: True)
     inst.submit([a, b])
-    sent = sent_requests(inst)
-    assert [s[1] for s in sent] == ["a", "b"]
-    key_b = sent[1][0]
-    [tensor] = sent[1][2]
-    tail = bytes(inst._arena.view(tensor[4], tensor[5], N)[N // 2 :])
-    assert tail == b"\0" * (N // 2), "the part of the region the object no longer held is not zeroed"
-    for s in sent:
-        answer(inst, s[0])
-    assert len(got_a) == 1 and got_a[0].error is None
     assert len(got_b) == 1 and got_b[0].error is not None and got_b[0].error.code is ErrorCode.INVALID_ARG
     assert "made smaller" in got_b[0].error.message and got_b[0].final
-    assert not inst._void and inst.in_flight == 0
-    assert key_b not in inst._pending
+    sent = sent_requests(inst)
+    assert [s[1] for s in sent] == ["a"], "the request whose input was cut short reached the model"
+    assert inst.in_flight == 1 and inst._arena.allocated == N, "b's region was not given back"
+    answer(inst, sent[0][0])
+    assert len(got_a) == 1 and got_a[0].error is None
+    assert inst.in_flight == 0 and not inst._pending
+    stats = inst.stats.to_json()["inference_stats"]
+    assert stats["fail"]["count"] == 1 and inst.stats.failures["BACKEND"] == 1
+
+
+def test_a_batch_whose_every_input_was_cut_short_is_not_sent(inst, region, monkeypatch):
+    manager, fd, _ = region
+    inst.stats = ModelStats("m", "1")
+    b, got_b = shm_request(manager, "b", SIZE - N)
+    os.ftruncate(fd, SIZE - N // 2)
+    monkeypatch.setattr(InputWindow, "fits", lambda self: True)
+    inst.submit([b])
+    assert len(got_b) == 1 and got_b[0].error.code is ErrorCode.INVALID_ARG
+    assert inst.channel.sent == [], "an Execute with no request left was sent"
+    assert inst.in_flight == 0 and inst._arena.allocated == 0 and inst._executing == 0
+    assert inst.stats.fail_count == 1
