@@ -10,7 +10,7 @@ straight from the client's object into its region with pread: one copy in all, i
 is already mapped, instead of a read into a new buffer and a copy from it. A client that shrank
 its object before the batch is made has its request answered with the error and left out of the
 batch (window_error); one that shrinks it during the read gets the error too and is left out of
-the batch as well, before the batch is written (RequestPath._leave_out): the rest of it goes.
+the batch as well, before the batch is written (leave_out): the rest of it goes.
 """
 
 from __future__ import annotations
@@ -96,3 +96,23 @@ def _fill(copies: list, copy) -> Optional[dict]:
         else:
             copy(region, data)
     return void
+
+
+def leave_out(built: Built, void: dict) -> list:
+    """Take the requests whose keys are in `void` out of `built` (their shared-memory input was cut
+    short while read): (request, its packed inputs, its error) for each, for the caller to answer
+    and give back. `built` keeps the rest; with no request left it is not to be sent."""
+    taken, kept = [], []
+    for key, request, inputs in zip(built.keys, built.requests, built.packed):
+        error = void.get(key)
+        if error is None:
+            kept.append((key, request, inputs))
+            continue
+        taken.append((request, inputs, error))
+        if built.traced is not None and request.trace is not None:
+            built.traced = [t for t in built.traced if t is not request.trace] or None
+    built.keys, built.requests, built.packed = ([list(column) for column in zip(*kept)] if kept else ([], [], []))
+    built.execute.requests = [r for r in built.execute.requests if r.key not in void]
+    if built.traced is None:
+        built.execute.trace_key = 0
+    return taken

@@ -40,7 +40,7 @@ from kernel.backends.python.board import BoardView
 from kernel.backends.python.cancel_grace import CancelGrace
 from kernel.backends.python.gpu_front import DeviceTensors
 from kernel.backends.python.input_copy import (
-    COPY_BESIDE_BYTES, Built, copy_beside, copy_here, running_loop, window_error,
+    COPY_BESIDE_BYTES, Built, copy_beside, copy_here, leave_out, running_loop, window_error,
 )
 from kernel.core.backend import BackendInstance, CoreHandle, ModelSource
 from kernel.core.device_memory import kept_open, wire_form
@@ -294,11 +294,12 @@ class RequestPath(BackendInstance):
     def _send_built(self, built: Built, counted: bool = False, void: Optional[dict] = None) -> None:
         """Write the Execute, then count its requests as the worker's. counted: the batch is counted
         in `executing` already (it waited for a copy beside the loop). void: keys of requests whose
-        shared-memory input was cut short while copied (input_copy.py), with the error they get:
-        they are left out of the batch (_leave_out)."""
-        if void:
-            built = self._leave_out(built, void)
-            if built is None:  # every request of the batch was cut short: nothing goes
+        shared-memory input was cut short while copied (input_copy.py), with the error they get."""
+        if void:  # as if their objects had shrunk before the batch was made: answered, never run
+            for request, inputs, error in leave_out(built, void):
+                self._give_back(built.arena, [inputs])
+                self._fail_requests((request,), error)
+            if not built.requests:  # nothing left to send
                 if counted:
                     self._executing = max(0, self._executing - 1)
                 return
@@ -327,32 +328,6 @@ class RequestPath(BackendInstance):
             self._executing += 1
         self._ages.watch()
 
-    def _leave_out(self, built: Built, void: dict) -> Optional[Built]:
-        """The batch without the requests in `void` (their shared-memory input was cut short while it
-        was read into the arena): each is answered with its error and counted as failed, its regions
-        given back, and never reaches the model, as one whose object shrank before the batch was
-        made. None when no request is left."""
-        kept = []
-        for key, request, inputs in zip(built.keys, built.requests, built.packed):
-            error = void.get(key)
-            if error is None:
-                kept.append((key, request, inputs))
-                continue
-            for seg, off in wire.arena_regions(inputs):
-                built.arena.free(seg, off)
-            self._gpu.returned(t.token for t in inputs if t.ipc is not None)
-            if built.traced is not None and request.trace is not None:
-                built.traced = [t for t in built.traced if t is not request.trace] or None
-            self._fail_requests((request,), error)
-        if not kept:
-            return None
-        built.keys, built.requests, built.packed = (list(column) for column in zip(*kept))
-        execute = built.execute
-        execute.requests = [r for r in execute.requests if r.key not in void]
-        if built.traced is None:
-            execute.trace_key = 0
-        return built
-
     def _copy_beside(self, built: Built, loop: asyncio.AbstractEventLoop) -> None:
         """Fill the batch's regions on a thread; the Execute leaves when they are full. The batch
         counts as executing meanwhile (schedulers see the instance busy), and later batches queue
@@ -367,9 +342,7 @@ class RequestPath(BackendInstance):
         if built.epoch is not self._copy_epoch:
             # The worker went while copying (_drop_copying answered the batches behind): answer these,
             # and give their regions back to the arena they are in (a no-op once it is closed).
-            for inputs in built.packed:
-                for seg, off in wire.arena_regions(inputs):
-                    built.arena.free(seg, off)
+            self._give_back(built.arena, built.packed)
             self._fail_requests(built.requests,
                                 KernelError(ErrorCode.INTERNAL, f"Stub process '{self.name}' is not healthy."))
             return
@@ -402,10 +375,7 @@ class RequestPath(BackendInstance):
 
     def _unsent(self, requests: list[InferRequest], packed: list[list], exc: Exception) -> None:
         """Undo a batch that never reached the worker and fail each of its requests."""
-        for inputs in packed:
-            for seg, off in wire.arena_regions(inputs):
-                self._arena.free(seg, off)
-            self._gpu.returned(t.token for t in inputs if t.ipc is not None)
+        self._give_back(self._arena, packed)
         if isinstance(exc, KernelError):
             error = exc
         else:
@@ -416,6 +386,13 @@ class RequestPath(BackendInstance):
             )
         self._fail_requests(requests, error)
         # No notify_available(): nothing started executing, so what this instance can take is unchanged.
+
+    def _give_back(self, arena, packed: list[list]) -> None:
+        """Free the arena regions and GPU loans of requests' inputs that never reached the worker."""
+        for inputs in packed:
+            for seg, off in wire.arena_regions(inputs):
+                arena.free(seg, off)
+            self._gpu.returned(t.token for t in inputs if t.ipc is not None)
 
     def _fail_requests(self, requests, error: KernelError) -> None:
         stats = self.stats

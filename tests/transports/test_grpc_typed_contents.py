@@ -97,11 +97,34 @@ def test_a_malformed_list_is_a_parse_error_like_a_malformed_message():
         pb.InferTensorContents.FromString(payload)  # protobuf refuses it too
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["native", "grpclib", "grpcio"])
+def server(request, tmp_path_factory):
+    """Every gRPC server Kernel runs on parses infer messages the same way (codec.parse_infer_message)."""
     repo = tmp_path_factory.mktemp("typed-contents")
     shutil.copytree(ROOT / "benchmarks" / "model_repo_suite" / "identity_fp32", repo / "identity_fp32")
-    yield from running(KernelProcess([repo], "--grpc-server", "native"))
+    yield from running(KernelProcess([repo], "--grpc-server", request.param))
+
+
+def test_a_large_raw_input_comes_back_byte_for_byte(server):
+    """A message past codec.SPLIT_BYTES, its tensor taken out as a view before protobuf parses the
+    rest, unary and streamed, with a parameter after the tensor on the wire (what is kept is
+    parsed in its order)."""
+    data = RNG.integers(0, 2**32, size=(1 << 20) + 3, dtype=np.uint32).view(np.float32)  # 4 MiB + 12 B
+    head = pb.ModelInferRequest(model_name="identity_fp32", id="big", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[data.size])]).SerializeToString()
+    tail = pb.ModelInferRequest(parameters={"k": pb.InferParameter(string_param="v")}).SerializeToString()
+    message = b"".join([head, b"\x3a", typed_contents.encode_varint(data.nbytes), data.tobytes(), tail])
+    assert len(message) > codec.SPLIT_BYTES
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", options=options) as channel:
+        unary = pb.ModelInferResponse.FromString(
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(message, timeout=60))
+        streamed = pb.ModelStreamInferResponse.FromString(list(channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer")(iter([message, message]), timeout=60))[1])
+    assert streamed.error_message == ""
+    for answer in (unary, streamed.infer_response):
+        assert answer.id == "big" and list(answer.outputs[0].shape) == [data.size]
+        assert answer.raw_output_contents[0] == data.tobytes()
 
 
 @pytest.mark.parametrize("kind", ["fp32_contents", "int_contents", "fp64_contents"])

@@ -283,6 +283,20 @@ def split_raw_inputs(data) -> Optional[tuple[bytes, SplitOff]]:
     return b"".join(keep), SplitOff(raws, contents)
 
 
+# ModelInfer messages this large have their raw_input_contents (and large typed contents) taken out
+# as views of the message before protobuf parses the rest (split_raw_inputs).
+SPLIT_BYTES = 64 * 1024
+
+
+def parse_infer_message(data) -> tuple[object, Optional[SplitOff]]:
+    """A serialized ModelInferRequest as (message, what split_raw_inputs took out of it, or None),
+    for every gRPC server Kernel runs on. Raises protobuf's DecodeError where it is not one."""
+    split = split_raw_inputs(data) if len(data) >= SPLIT_BYTES else None
+    if split is None:
+        return pb.ModelInferRequest.FromString(data), None
+    return pb.ModelInferRequest.FromString(split[0]), split[1]
+
+
 def parse_infer_request(msg, shm: Optional[SharedMemoryManager] = None, split: Optional[SplitOff] = None
                         ) -> tuple[InferRequest, bool]:
     """ModelInferRequest -> (core request, whether an empty final response was asked for).

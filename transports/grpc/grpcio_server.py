@@ -34,9 +34,9 @@ from kernel.transports.grpc.service import (
     UNARY_RPCS,
     InferenceService,
     Serialized,
-    StreamError,
     drive_stream,
 )
+from kernel.transports.grpc.stream_session import StreamError
 from kernel.transports.restrictions import grpc_category
 
 log = logging.getLogger("kernel.grpc")
@@ -50,13 +50,14 @@ def _serialize(message) -> bytes:
     return message.SerializeToString()
 
 
-def _lenient(message_type):
-    """A deserializer that hands back a marker instead of raising on a bad message."""
+def _lenient(parse):
+    """A deserializer that hands back a marker instead of raising on a bad message. `parse`: a
+    message type's FromString, or codec.parse_infer_message for the infer RPCs."""
     from google.protobuf.message import DecodeError
 
     def decode(data: bytes):
         try:
-            return message_type.FromString(data)
+            return parse(data)
         except DecodeError:
             return _UNPARSABLE
 
@@ -119,16 +120,16 @@ class GrpcioServer:
         guard = self._guard
         for name, (req, resp) in UNARY_RPCS.items():
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                guard(name, self._unary(getattr(service, name))), request_deserializer=_lenient(req),
+                guard(name, self._unary(getattr(service, name))), request_deserializer=_lenient(req.FromString),
                 response_serializer=resp.SerializeToString,
             )
         handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-            guard("ModelInfer", self._model_infer), request_deserializer=_lenient(pb.ModelInferRequest),
+            guard("ModelInfer", self._model_infer), request_deserializer=_lenient(codec.parse_infer_message),
             response_serializer=_serialize,
         )
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
             guard("ModelStreamInfer", self._model_stream_infer),
-            request_deserializer=_lenient(pb.ModelInferRequest), response_serializer=_serialize,
+            request_deserializer=_lenient(codec.parse_infer_message), response_serializer=_serialize,
         )
         health = {
             "Check": grpc.unary_unary_rpc_method_handler(
@@ -186,8 +187,9 @@ class GrpcioServer:
         if self.service.header_forward is not None or self.service.tracer.otel is not None:
             # forwarded headers, or a W3C traceparent for OpenTelemetry tracing
             metadata = context.invocation_metadata() or ()
+        msg, split = request
         try:
-            return await self.service.ModelInfer(request, metadata)
+            return await self.service.ModelInfer(msg, metadata, split)
         except KernelError as exc:
             await self._abort(context, exc)
 

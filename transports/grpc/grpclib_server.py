@@ -35,9 +35,9 @@ from kernel.transports.grpc.service import (
     UNARY_RPCS,
     InferenceService,
     Serialized,
-    StreamError,
     drive_stream,
 )
+from kernel.transports.grpc.stream_session import StreamError
 from kernel.transports.restrictions import grpc_category
 
 log = logging.getLogger("kernel.grpc")
@@ -61,6 +61,11 @@ async def _recv(stream):
         raise GRPCError(Status.INTERNAL, "Unable to parse request") from None
 
 
+class _InferRequest:
+    """The request type of ModelInfer and ModelStreamInfer in the handler table: _Codec decodes
+    their messages with codec.parse_infer_message, into (message, what it took out of it)."""
+
+
 class _Codec:
     """grpclib codec without the per-message isinstance check of its default one."""
 
@@ -72,6 +77,8 @@ class _Codec:
 
     @staticmethod
     def decode(data: bytes, message_type):
+        if message_type is _InferRequest:
+            return codec.parse_infer_message(data)
         return message_type.FromString(data)
 
 
@@ -129,11 +136,11 @@ class GrpclibBinding:
             guard("Check", self._unary(self.service.HealthCheck)), Cardinality.UNARY_UNARY, Serialized, Serialized
         )
         mapping[f"/{SERVICE}/ModelInfer"] = Handler(
-            guard("ModelInfer", self._model_infer), Cardinality.UNARY_UNARY, pb.ModelInferRequest,
+            guard("ModelInfer", self._model_infer), Cardinality.UNARY_UNARY, _InferRequest,
             pb.ModelInferResponse,
         )
         mapping[f"/{SERVICE}/ModelStreamInfer"] = Handler(
-            guard("ModelStreamInfer", self._model_stream_infer), Cardinality.STREAM_STREAM, pb.ModelInferRequest,
+            guard("ModelStreamInfer", self._model_stream_infer), Cardinality.STREAM_STREAM, _InferRequest,
             pb.ModelStreamInferResponse,
         )
         return mapping
@@ -185,9 +192,12 @@ class GrpclibBinding:
         return pairs
 
     async def _model_infer(self, stream) -> None:
-        msg = await _recv(stream)
+        received = await _recv(stream)
+        if received is None:  # the client half-closed without a message (as the native server says it)
+            raise GRPCError(Status.INTERNAL, "a unary call takes exactly one request message, got 0")
+        msg, split = received
         try:
-            response = await self.service.ModelInfer(msg, self._metadata(stream))
+            response = await self.service.ModelInfer(msg, self._metadata(stream), split)
         except KernelError as exc:
             raise _grpc_error(exc) from None
         except Exception as exc:  # noqa: BLE001

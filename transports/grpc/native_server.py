@@ -51,11 +51,6 @@ log = logging.getLogger("kernel.grpc")
 
 # ---------------------------------------------------------------- the service's methods
 
-# ModelInfer requests this large have their raw_input_contents taken out as views of the
-# message (codec.split_raw_inputs) instead of being copied by protobuf.
-SPLIT_RAW_INPUTS = 64 * 1024
-
-
 def method_table(service: InferenceService) -> dict[bytes, tuple]:
     """':path' -> (kind, request message type, service method)."""
     table: dict[bytes, tuple] = {}
@@ -167,16 +162,15 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, StreamPacingMixin
                 return  # reading stopped at an unparsable message
             # A large message's raw_input_contents are taken out before protobuf parses the rest, as
             # for a unary call: parsing them holds the GIL (a 512 MiB tensor held the loop 0.6 s).
-            split = codec.split_raw_inputs(message) if len(message) >= SPLIT_RAW_INPUTS else None
             try:
-                msg = s.req_type.FromString(message if split is None else split[0])
+                msg, split = codec.parse_infer_message(message)
             except DecodeError:
                 # As gRPC C++ servers do, an unparsable message ends the reading side:
                 # the call finishes normally once the requests before it are answered.
                 s.req_type = None
                 s.session.end_of_input()
                 return
-            s.session.handle(msg, None if split is None else split[1])
+            s.session.handle(msg, split)
         elif s.messages:
             # Nothing more is kept for a unary call than its one request.
             self._finish(s, codec.INTERNAL, "a unary call takes exactly one request message, got more")
@@ -205,11 +199,9 @@ class GrpcConnection(MessageInputMixin, CompressedOutputMixin, StreamPacingMixin
             self._finish(s, codec.INTERNAL, f"a unary call takes exactly one request message, got {len(s.messages)}")
             return
         data = s.messages[0]
-        split = codec.split_raw_inputs(data) if s.kind == INFER and len(data) >= SPLIT_RAW_INPUTS else None
         try:
-            if split is not None:
-                msg = s.req_type.FromString(split[0])
-                s.raws = split[1]
+            if s.kind == INFER:
+                msg, s.raws = codec.parse_infer_message(data)
             else:
                 msg = s.req_type.FromString(data)
         except DecodeError:
