@@ -68,3 +68,17 @@ def test_malformed_framing_is_refused_in_the_same_words_both_ways(case, count):
 def test_a_wrong_count_is_refused():
     with pytest.raises(ValueError, match="expected 3 BYTES elements, found 2"):
         datatypes.deserialize_bytes(wire([b"a", b"b"]), 3)
+
+
+@pytest.mark.parametrize("array, elements", [
+    (np.array(SMALL, dtype=object), SMALL),
+    (np.array(["é" * 3, "", "abc"], dtype=object), ["é".encode() * 3, b"", b"abc"]),
+    (np.array([b"ab", "cd", 3, 1.5, bytearray(b"x"), None], dtype=object), [b"ab", b"cd", b"3", b"1.5", b"x", b"None"]),
+    (np.array([b"a\0", b"bcd"], dtype="S4"), [b"a", b"bcd"]),  # numpy drops a fixed-width element's trailing NULs
+    (np.array(["x", "yz"]), [b"x", b"yz"]),
+    (np.array(b"zero-d", dtype=object), [b"zero-d"]),
+    (np.array([[b"a", b"b"], [b"c", b""]], dtype=object), [b"a", b"b", b"c", b""]),  # row-major
+    (np.array([], dtype=object), []),
+], ids=["bytes", "str", "mixed", "fixed-bytes", "unicode", "zero-d", "2-d", "empty"])
+def test_serialize_gives_each_element_after_its_length(array, elements):
+    assert datatypes.serialize_bytes(array) == wire(elements)
