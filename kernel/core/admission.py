@@ -82,13 +82,16 @@ def _nbytes(raw) -> int:
 
 def _validate_beside(model, request: InferRequest) -> bool:
     """Whether checking the request's BYTES elements could take more than BYTES_ELEMENTS_ON_LOOP
-    steps (each element is a step, bounded by the bytes there are: 4 per element at least)."""
+    steps (each element is a step, bounded by the bytes there are: 4 per element at least, 2 in
+    late bytes, whose size is what the client sent: a protobuf element's tag and length)."""
     if not model.bytes_inputs:
         return False
     steps = 0
     for t in request.inputs:
-        if t.datatype == "BYTES" and t._raw is not None:
-            steps += min(datatypes.element_count(t.shape), _nbytes(t._raw) // 4 + 1)
+        raw = t._raw
+        if t.datatype == "BYTES" and raw is not None:
+            least = 2 if isinstance(raw, LateBytes) else 4
+            steps += min(datatypes.element_count(t.shape), _nbytes(raw) // least + 1)
     return steps > BYTES_ELEMENTS_ON_LOOP
 
 
