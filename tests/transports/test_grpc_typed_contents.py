@@ -169,3 +169,27 @@ def test_a_group_in_the_contents_leaves_the_rest_to_protobuf_in_order():
     late = typed_contents.LateContents(memoryview(c), "IN", "BYTES", "m")
     expected = b"".join(len(v).to_bytes(4, "little") + v for v in before + after)
     assert late.read() == expected
+
+
+@pytest.mark.parametrize("cut", [1, 5, 1 << 20], ids=["last byte", "inside a later field", "inside the tensor"])
+def test_a_large_malformed_message_is_a_parse_error_and_the_server_goes_on(server, cut):
+    """Past codec.SPLIT_BYTES the message is walked before protobuf sees it: one cut short is
+    refused as protobuf's parse refuses it, on every server, and the next request is answered."""
+    data = np.arange(1 << 20, dtype=np.float32)
+    head = pb.ModelInferRequest(model_name="identity_fp32", id="cut", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="INPUT0", datatype="FP32", shape=[data.size])]).SerializeToString()
+    tail = pb.ModelInferRequest(parameters={"k": pb.InferParameter(string_param="v")}).SerializeToString()
+    whole = b"".join([head, b"\x3a", typed_contents.encode_varint(data.nbytes), data.tobytes(), tail])
+    message = whole[:-cut]
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}", options=options) as channel:
+        unary = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as refused:
+            unary(message, timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INTERNAL and refused.value.details() == "Unable to parse request"
+        # On a stream, an unparsable message ends the reading side; what came before it is answered.
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        answers = list(stream(iter([whole, message]), timeout=60))
+        assert len(answers) == 1 and pb.ModelStreamInferResponse.FromString(answers[0]).error_message == ""
+        answer = pb.ModelInferResponse.FromString(unary(whole, timeout=60))
+        assert answer.raw_output_contents[0] == data.tobytes()
