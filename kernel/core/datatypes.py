@@ -139,10 +139,11 @@ def deserialize_bytes(buffer, count: int | None = None) -> list[bytes]:
     (~240 vs ~460 ns per element here; 16 Mi elements took a model's worker ~7 s). Large ones are
     copied straight out of the buffer, so that no element is copied twice.
     """
-    if count and len(buffer) <= count * _SLICE_COPY_MAX_AVERAGE:
-        items = _sliced(buffer if type(buffer) is bytes else memoryview(buffer).cast("B").tobytes())
+    mv = memoryview(buffer).cast("B")
+    if count and mv.nbytes <= count * _SLICE_COPY_MAX_AVERAGE:
+        items = _sliced(buffer if type(buffer) is bytes else mv.tobytes())
     else:
-        items = _copied(memoryview(buffer).cast("B"))
+        items = _copied(mv)
     if count is not None and len(items) != count:
         raise ValueError(f"expected {count} BYTES elements, found {len(items)}")
     return items
